@@ -1,0 +1,423 @@
+"""Advantage estimators: GAE, the critic-free GRPO family, REINFORCE++, ReMax, OPO.
+
+Every estimator is registered in ``advantage_estimators`` under the recipes' name and shares
+one signature, so the trainer never branches on which one runs::
+
+    advantages, returns = estimator(
+        token_level_rewards, response_mask,
+        index=..., values=..., reward_baselines=...,          # what the estimator needs
+        gamma=..., lam=..., epsilon=..., norm_adv_by_std_in_grpo=...,
+    )
+
+Inputs an estimator does not use are ignored. Both outputs are ``(B, T)`` and 0 outside the
+mask; nothing at a masked position (rewards, values, NaN) reaches any output.
+
+Everything is vectorized. Group statistics use scatter-adds over the group ids; the
+backward recursions of GAE and REINFORCE++ (``x_t = b_t + rate * x_{t+1}`` over the valid
+tokens, masked spans skipped) are solved in closed form per chunk of tokens (a reverse
+cumulative sum of decay-weighted terms in float64), with only a short loop across chunks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from lmrl.algos.checks import as_bool_mask, check_2d, check_same_shape
+from lmrl.algos.masked import masked_sum, masked_whiten
+from lmrl.algos.registry import Registry
+
+AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+advantage_estimators: Registry[AdvantageEstimator] = Registry("advantage estimator")
+
+GroupIndex = torch.Tensor | np.ndarray | Sequence
+
+# Largest total log-decay allowed inside one chunk of the scan: exp(+-500) stays well inside
+# float64's range, so the closed form below neither overflows nor underflows.
+_MAX_LOG_SPAN = 500.0
+_MIN_RATE = 1e-30  # a rate of 0 is treated as 1e-30: contributions below 1e-30 relative.
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def group_ids(index: GroupIndex, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Dense group ids ``0..G-1`` (LongTensor (B,)) for any per-sample group labels.
+
+    ``index`` is what verl passes (a numpy array of uid strings), a list of hashables, or an
+    integer tensor.
+    """
+    if isinstance(index, torch.Tensor):
+        if index.dim() != 1:
+            raise ValueError(f"index must be one-dimensional (B,), got shape {tuple(index.shape)}")
+        return torch.unique(index, return_inverse=True)[1].to(device)
+    labels = np.asarray(index)
+    if labels.ndim != 1:
+        raise ValueError(f"index must be one-dimensional (B,), got shape {labels.shape}")
+    if labels.dtype == object:
+        labels = labels.astype(str)
+    inverse = np.unique(labels, return_inverse=True)[1].reshape(-1)
+    return torch.as_tensor(inverse, dtype=torch.long, device=device)
+
+
+def group_stats(
+    scores: torch.Tensor, groups: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-sample group count, mean and unbiased std (each (B,)) of ``scores`` (B,).
+
+    A group of one has std 0 here; callers decide what a singleton means. Group ids are below
+    B, so B slots suffice and no device sync is needed to count the groups.
+    """
+    count = torch.zeros(scores.shape[0], dtype=scores.dtype, device=scores.device)
+    count.index_add_(0, groups, torch.ones_like(scores))
+    total = torch.zeros_like(count).index_add_(0, groups, scores)
+    mean = total / count
+    sq = torch.zeros_like(count).index_add_(0, groups, (scores - mean[groups]).square())
+    std = (sq / (count - 1).clamp(min=1)).sqrt()
+    return count[groups], mean[groups], std[groups]
+
+
+def reverse_discounted_scan(
+    inputs: torch.Tensor, response_mask: torch.Tensor, rate: float
+) -> torch.Tensor:
+    """Solve ``x_t = b_t + rate * x_{t'}`` backwards over the valid tokens, ``x`` after the
+    last valid token being 0, where ``t'`` is the next valid position after ``t``.
+
+    At masked positions nothing happens: the running value is carried through unchanged
+    (multi-turn observation tokens are skipped, not reset), and the output there is 0.
+
+    Closed form within a chunk: with ``S_t`` the exclusive cumulative sum of
+    ``log(rate) * mask``, ``x_t = exp(-S_t) * sum_{s >= t} exp(S_s) b_s`` plus the carry from the
+    next chunk decayed by ``exp(S_end - S_t)``. Chunks are sized so ``|S|`` stays below
+    ``_MAX_LOG_SPAN``; for ordinary rates (``gamma * lam >= 0.9``) there is a single chunk up to
+    thousands of tokens.
+
+    Args:
+        inputs: (B, T) the ``b_t``; values at masked positions are ignored.
+        response_mask: bool (B, T).
+        rate: the decay per valid token, in [0, 1].
+    Returns:
+        (B, T) in the dtype of ``inputs``, 0 outside the mask.
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"the discount rate must be in [0, 1], got {rate}")
+    mask = as_bool_mask("response_mask", response_mask)
+    out_dtype = inputs.dtype
+    b = torch.where(mask, inputs.double(), 0.0)
+    batch, length = b.shape
+    log_rate = math.log(max(rate, _MIN_RATE))
+    chunk = length if log_rate == 0.0 else max(1, min(length, int(_MAX_LOG_SPAN / -log_rate)))
+    num_chunks = -(-length // chunk)
+    pad = num_chunks * chunk - length
+    if pad:
+        b = torch.nn.functional.pad(b, (0, pad))
+        mask = torch.nn.functional.pad(mask, (0, pad))
+    b = b.view(batch, num_chunks, chunk)
+    log_a = mask.view(batch, num_chunks, chunk).double() * log_rate
+    s_incl = log_a.cumsum(-1)
+    s_excl = s_incl - log_a  # S_t: sum of log-decays strictly before t within the chunk
+    if log_rate == 0.0:  # no discount: a plain reverse cumulative sum
+        local = b.flip(-1).cumsum(-1).flip(-1)
+    else:
+        decay = torch.exp(s_excl)
+        local = (decay * b).flip(-1).cumsum(-1).flip(-1) / decay
+    if num_chunks > 1:
+        # decay from each position to the start of the next chunk, then the carries.
+        to_end = torch.exp(s_incl[..., -1:] - s_excl)
+        carry = torch.zeros(batch, num_chunks, 1, dtype=b.dtype, device=b.device)
+        for j in range(num_chunks - 2, -1, -1):
+            nxt = local[:, j + 1, 0] + to_end[:, j + 1, 0] * carry[:, j + 1, 0]
+            carry[:, j, 0] = nxt
+        local = local + to_end * carry
+    x = local.view(batch, -1)[:, :length]
+    return torch.where(mask.view(batch, -1)[:, :length], x, 0.0).to(out_dtype)
+
+
+def _next_valid_values(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """For each position, ``values`` at the next valid position after it (0 if none). (B, T)"""
+    batch, length = values.shape
+    positions = torch.arange(length, device=values.device).expand(batch, length)
+    valid_pos = torch.where(mask, positions, length)
+    # first valid position at or after t, then shifted: strictly after t.
+    first_at_or_after = valid_pos.flip(-1).cummin(-1).values.flip(-1)
+    sentinel = torch.full((batch, 1), length, device=values.device, dtype=positions.dtype)
+    first_after = torch.cat([first_at_or_after[:, 1:], sentinel], dim=-1)
+    padded = torch.cat([torch.where(mask, values, 0.0), values.new_zeros(batch, 1)], dim=-1)
+    return padded.gather(-1, first_after)
+
+
+def _check_inputs(
+    token_level_rewards: torch.Tensor, response_mask: torch.Tensor, **others: torch.Tensor | None
+) -> torch.Tensor:
+    check_2d("token_level_rewards", token_level_rewards)
+    check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask, **others)
+    return as_bool_mask("response_mask", response_mask)
+
+
+def _need(name: str, value, estimator: str):
+    if value is None:
+        raise ValueError(f"the {estimator!r} advantage estimator needs {name}")
+    return value
+
+
+def _groups_for(index: GroupIndex | None, scores: torch.Tensor, estimator: str) -> torch.Tensor:
+    groups = group_ids(_need("index", index, estimator), device=scores.device)
+    if groups.shape[0] != scores.shape[0]:
+        raise ValueError(
+            f"index has {groups.shape[0]} entries but token_level_rewards has {scores.shape[0]} rows"
+        )
+    return groups
+
+
+def _broadcast(per_seq: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B,) -> (B, T), 0 outside the mask."""
+    return torch.where(mask, per_seq.to(dtype).unsqueeze(-1), 0.0)
+
+
+def _scores(token_level_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Outcome score per sequence (B,), in float64 for the group statistics."""
+    return masked_sum(token_level_rewards, mask, dim=-1).double()
+
+
+# ------------------------------------------------------------------------ estimators
+
+
+@advantage_estimators.register("gae")
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    values: torch.Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438).
+
+    ``delta_t = r_t + gamma * V_{t'} - V_t``, ``A_t = delta_t + gamma * lam * A_{t'}``, with
+    ``t'`` the next valid token (masked spans skipped, values and advantages carried through
+    them, as verl does for multi-turn observation tokens); returns ``A + V``; the advantages
+    are then whitened over the mask.
+
+    Args:
+        token_level_rewards: (B, T).
+        response_mask: bool (B, T).
+        values: (B, T) critic values.
+        gamma: discount; lam: GAE lambda.
+    Returns:
+        advantages (B, T) whitened, returns (B, T) = unwhitened advantages + values.
+    """
+    _need("values", values, "gae")
+    mask = _check_inputs(token_level_rewards, response_mask, values=values)
+    values = torch.where(mask, values.to(token_level_rewards.dtype), 0.0)
+    next_values = _next_valid_values(values, mask)
+    deltas = token_level_rewards + gamma * next_values - values
+    advantages = reverse_discounted_scan(deltas, mask, gamma * lam)
+    returns = torch.where(mask, advantages + values, 0.0)
+    return masked_whiten(advantages, mask), returns
+
+
+@advantage_estimators.register("grpo")
+def compute_grpo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    index: GroupIndex | None = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO: outcome score normalized within its prompt group (Shao et al. 2024, DeepSeekMath).
+
+    ``A_i = (r_i - mean_g) / (std_g + epsilon)`` with the unbiased std; a group of one gets
+    mean 0 and std 1. ``norm_adv_by_std_in_grpo=False`` is Dr.GRPO (Liu et al. 2025,
+    arXiv:2503.20783): ``A_i = r_i - mean_g``.
+
+    Args:
+        token_level_rewards: (B, T); the score of a sequence is its masked sum.
+        response_mask: bool (B, T).
+        index: (B,) group label of each sample (same prompt = same label).
+    Returns:
+        (advantages, advantages), both (B, T).
+    """
+    mask = _check_inputs(token_level_rewards, response_mask)
+    scores = _scores(token_level_rewards, mask)
+    count, mean, std = group_stats(scores, _groups_for(index, scores, "grpo"))
+    singleton = count == 1
+    mean = torch.where(singleton, 0.0, mean)
+    std = torch.where(singleton, 1.0, std)
+    adv = (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
+    adv = _broadcast(adv, mask, token_level_rewards.dtype)
+    return adv, adv
+
+
+@advantage_estimators.register("grpo_passk")
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    index: GroupIndex | None = None,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: bool = True,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO Pass@k (arXiv:2503.19595): only the best sample of a group learns.
+
+    The best sample (first one on ties) gets ``r_max - r_second``, divided by
+    ``std_g + epsilon`` when ``norm_adv_by_std_in_grpo``; every other sample gets 0. Every
+    group needs at least two samples.
+
+    Returns:
+        (advantages, advantages), both (B, T).
+    """
+    mask = _check_inputs(token_level_rewards, response_mask)
+    scores = _scores(token_level_rewards, mask)
+    groups = _groups_for(index, scores, "grpo_passk")
+    count, _, std = group_stats(scores, groups)
+    if bool((count < 2).any()):
+        raise ValueError("index: grpo_passk needs at least 2 samples in every group")
+    num_groups = scores.shape[0]  # ids are < B; unused slots stay untouched
+    neg_inf = torch.full((num_groups,), -math.inf, dtype=scores.dtype, device=scores.device)
+    best = neg_inf.scatter_reduce(0, groups, scores, "amax")
+    positions = torch.arange(scores.shape[0], device=scores.device)
+    is_max = scores == best[groups]
+    first = torch.full((num_groups,), scores.shape[0], device=scores.device, dtype=positions.dtype)
+    first = first.scatter_reduce(0, groups, torch.where(is_max, positions, scores.shape[0]), "amin")
+    is_best = positions == first[groups]
+    second = neg_inf.scatter_reduce(0, groups, torch.where(is_best, -math.inf, scores), "amax")
+    gap = best[groups] - second[groups]
+    if norm_adv_by_std_in_grpo:
+        gap = gap / (std + epsilon)
+    adv = _broadcast(torch.where(is_best, gap, 0.0), mask, token_level_rewards.dtype)
+    return adv, adv
+
+
+@advantage_estimators.register("rloo")
+def compute_rloo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    index: GroupIndex | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RLOO (Ahmadian et al. 2024, arXiv:2402.14740): baseline = mean of the *other* samples.
+
+    ``A_i = r_i - mean_{j != i} r_j = n/(n-1) (r_i - mean_g)``; a group of one keeps ``r_i``.
+
+    Returns:
+        (advantages, advantages), both (B, T).
+    """
+    mask = _check_inputs(token_level_rewards, response_mask)
+    scores = _scores(token_level_rewards, mask)
+    count, mean, _ = group_stats(scores, _groups_for(index, scores, "rloo"))
+    loo = (scores - mean) * count / (count - 1).clamp(min=1)
+    adv = _broadcast(torch.where(count > 1, loo, scores), mask, token_level_rewards.dtype)
+    return adv, adv
+
+
+@advantage_estimators.register("reinforce_plus_plus")
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted reward-to-go, whitened over the batch.
+
+    ``G_t = r_t + gamma * G_{t'}`` over the valid tokens (masked spans skipped, not reset).
+
+    Returns:
+        advantages (B, T) = whitened returns, returns (B, T).
+    """
+    mask = _check_inputs(token_level_rewards, response_mask)
+    returns = reverse_discounted_scan(token_level_rewards, mask, gamma)
+    return masked_whiten(returns, mask), returns
+
+
+@advantage_estimators.register("reinforce_plus_plus_baseline")
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    index: GroupIndex | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++-baseline: outcome score minus its group mean, then whitened over the batch.
+
+    A group of one has baseline 0.
+
+    Returns:
+        (advantages, advantages), both (B, T).
+    """
+    mask = _check_inputs(token_level_rewards, response_mask)
+    scores = _scores(token_level_rewards, mask)
+    count, mean, _ = group_stats(scores, _groups_for(index, scores, "reinforce_plus_plus_baseline"))
+    centered = scores - torch.where(count > 1, mean, 0.0)
+    adv = masked_whiten(_broadcast(centered, mask, torch.float64), mask)
+    adv = adv.to(token_level_rewards.dtype)
+    return adv, adv
+
+
+@advantage_estimators.register("remax")
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    reward_baselines: torch.Tensor | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023, arXiv:2310.10505): the greedy rollout's reward is the baseline.
+
+    ``returns_t`` = undiscounted reward-to-go, ``A_t = returns_t - b`` with ``b`` the reward of
+    the greedy response to the same prompt.
+
+    Args:
+        reward_baselines: (B,) reward of the greedy response for each sample's prompt.
+    Returns:
+        advantages (B, T), returns (B, T).
+    """
+    _need("reward_baselines", reward_baselines, "remax")
+    mask = _check_inputs(token_level_rewards, response_mask)
+    if reward_baselines.shape != token_level_rewards.shape[:1]:
+        raise ValueError(
+            f"reward_baselines must have shape ({token_level_rewards.shape[0]},), "
+            f"got {tuple(reward_baselines.shape)}"
+        )
+    kept = torch.where(mask, token_level_rewards, 0.0)
+    returns = torch.where(mask, kept.flip(-1).cumsum(-1).flip(-1), 0.0)
+    advantages = torch.where(mask, returns - reward_baselines.to(returns.dtype).unsqueeze(-1), 0.0)
+    return advantages, returns
+
+
+@advantage_estimators.register("opo")
+def compute_opo_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    index: GroupIndex | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """OPO (On-Policy RL with Optimal reward baseline, arXiv:2505.23585).
+
+    The baseline is the length-weighted mean score of the group,
+    ``b_g = sum_j |o_j| r_j / sum_j |o_j|``; a group of one has baseline 0.
+
+    Returns:
+        (advantages, advantages), both (B, T).
+    """
+    mask = _check_inputs(token_level_rewards, response_mask)
+    scores = _scores(token_level_rewards, mask)
+    groups = _groups_for(index, scores, "opo")
+    lengths = mask.sum(-1).to(scores.dtype)
+    num_groups = scores.shape[0]  # ids are < B
+    zeros = torch.zeros(num_groups, dtype=scores.dtype, device=scores.device)
+    weighted = zeros.index_add(0, groups, lengths * scores)[groups]
+    total_len = zeros.index_add(0, groups, lengths)[groups]
+    count = zeros.index_add(0, groups, torch.ones_like(scores))[groups]
+    baseline = torch.where(count > 1, weighted / total_len.clamp(min=1), 0.0)
+    adv = _broadcast(scores - baseline, mask, token_level_rewards.dtype)
+    return adv, adv

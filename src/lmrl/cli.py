@@ -1,0 +1,74 @@
+"""The ``lmrl`` command line.
+
+Each subcommand is a small function that imports its package only when it runs, so
+``lmrl --help`` stays instant and a missing optional extra only affects its own command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _tiny_model(args: argparse.Namespace) -> int:
+    from lmrl.models.tiny import build_tiny_model
+
+    path = build_tiny_model(args.out_dir, arch=args.arch, size=args.size, seed=args.seed)
+    print(f"tiny {args.arch} model ({args.size}) written to {path}")
+    return 0
+
+
+def _tasks(args: argparse.Namespace) -> int:
+    from lmrl.data.tasks import TASKS, write_task
+
+    if args.name is None:
+        for name in sorted(TASKS):
+            print(name)
+        return 0
+    paths = write_task(
+        args.name, args.out, seed=args.seed, num_train=args.num_train, num_test=args.num_test
+    )
+    for split, path in paths.items():
+        print(f"{split}: {path}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lmrl", description="Reinforcement-learning post-training of language models."
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("tiny-model", help="build a small model and tokenizer locally")
+    p.add_argument("out_dir", type=Path)
+    p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
+    p.add_argument("--size", default="tiny", help="tiny (~100k), small (~2M), base (~20M)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_tiny_model)
+
+    p = sub.add_parser("tasks", help="list the built-in tasks, or write one as parquet")
+    p.add_argument("name", nargs="?", help="task name; omit to list them")
+    p.add_argument("--out", type=Path, default=Path("data"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-train", type=int, default=None)
+    p.add_argument("--num-test", type=int, default=None)
+    p.set_defaults(func=_tasks)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"lmrl {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
