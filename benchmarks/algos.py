@@ -151,6 +151,23 @@ def row(name, size, loop_s, ours_s, err):
     )
 
 
+def bench_token_recursions(batch: int, length: int) -> None:
+    """GAE and REINFORCE++ against verl's per-token loops at (batch, length)."""
+    get = advantage_estimators.get
+    rewards, values, mask, _ = make_case(batch, length)
+    r64, v64 = rewards.double(), values.double()
+    size = f"B={batch},T={length}"
+    loop_s, (ref_adv, ref_ret) = timed(lambda: loop_gae(r64, v64, mask, 1.0, 0.95), 3)
+    ours_s, (adv, ret) = timed(
+        lambda: get("gae")(rewards, mask, values=values, gamma=1.0, lam=0.95), 5
+    )
+    row("gae", size, loop_s, ours_s, max(max_err(adv, ref_adv), max_err(ret, ref_ret)))
+    loop_s, (ref_adv, ref_ret) = timed(lambda: loop_reinforce_pp(r64, mask, 0.99), 3)
+    ours_s, (adv, ret) = timed(lambda: get("reinforce_plus_plus")(rewards, mask, gamma=0.99), 5)
+    err = max(max_err(adv, ref_adv), max_err(ret, ref_ret))
+    row("reinforce_plus_plus", size, loop_s, ours_s, err)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
@@ -161,7 +178,9 @@ def main() -> None:
     scale = 8 if args.quick else 1
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
-    print(f"{'estimator/loss':<22} {'size':<18} {'loop ms':>10} {'lmrl ms':>10} {'speed-up':>10} {'max err':>10}")
+    print(
+        f"{'estimator/loss':<22} {'size':<18} {'loop ms':>10} {'lmrl ms':>10} {'speed-up':>10} {'max err':>10}"
+    )
 
     # group estimators: B=8192 prompts x G=8 samples, a per-sample Python loop as baseline
     prompts, group, length = 8192 // scale, 8, 32
@@ -169,12 +188,26 @@ def main() -> None:
     size = f"B={prompts},G={group}"
     r64, m64 = rewards.double(), mask.double()
     cases = [
-        ("grpo", lambda: loop_grpo(r64.clone(), m64, index), lambda: get("grpo")(rewards, mask, index=index)[0]),
-        ("grpo (Dr.GRPO)", lambda: loop_grpo(r64.clone(), m64, index, norm=False),
-         lambda: get("grpo")(rewards, mask, index=index, norm_adv_by_std_in_grpo=False)[0]),
-        ("rloo", lambda: loop_rloo(r64.clone(), m64, index), lambda: get("rloo")(rewards, mask, index=index)[0]),
-        ("grpo_passk", lambda: loop_passk(r64.clone(), m64, index),
-         lambda: get("grpo_passk")(rewards, mask, index=index)[0]),
+        (
+            "grpo",
+            lambda: loop_grpo(r64.clone(), m64, index),
+            lambda: get("grpo")(rewards, mask, index=index)[0],
+        ),
+        (
+            "grpo (Dr.GRPO)",
+            lambda: loop_grpo(r64.clone(), m64, index, norm=False),
+            lambda: get("grpo")(rewards, mask, index=index, norm_adv_by_std_in_grpo=False)[0],
+        ),
+        (
+            "rloo",
+            lambda: loop_rloo(r64.clone(), m64, index),
+            lambda: get("rloo")(rewards, mask, index=index)[0],
+        ),
+        (
+            "grpo_passk",
+            lambda: loop_passk(r64.clone(), m64, index),
+            lambda: get("grpo_passk")(rewards, mask, index=index)[0],
+        ),
     ]
     for name, loop_fn, ours_fn in cases:
         loop_s, ref = timed(loop_fn, 1)
@@ -183,16 +216,7 @@ def main() -> None:
 
     # token recursions: a per-token Python loop as baseline
     for batch, length in ((256, 4096), (64, 16384)):
-        batch //= scale
-        rewards, values, mask, _ = make_case(batch, length)
-        r64, v64 = rewards.double(), values.double()
-        size = f"B={batch},T={length}"
-        loop_s, (ref_adv, ref_ret) = timed(lambda: loop_gae(r64, v64, mask, 1.0, 0.95), 3)
-        ours_s, (adv, ret) = timed(lambda: get("gae")(rewards, mask, values=values, gamma=1.0, lam=0.95), 5)
-        row("gae", size, loop_s, ours_s, max(max_err(adv, ref_adv), max_err(ret, ref_ret)))
-        loop_s, (ref_adv, ref_ret) = timed(lambda: loop_reinforce_pp(r64, mask, 0.99), 3)
-        ours_s, (adv, ret) = timed(lambda: get("reinforce_plus_plus")(rewards, mask, gamma=0.99), 5)
-        row("reinforce_plus_plus", size, loop_s, ours_s, max(max_err(adv, ref_adv), max_err(ret, ref_ret)))
+        bench_token_recursions(batch // scale, length)
 
     # policy losses, forward + backward at B=256, T=4096
     batch, length = 256 // scale, 4096
@@ -209,7 +233,9 @@ def main() -> None:
         loss.backward()
         return loss.detach()
 
-    loop_s, ref = timed(lambda: fwd_bwd(lambda lp: loop_vanilla(old.double(), lp.double(), adv.double(), mask)), 3)
+    loop_s, ref = timed(
+        lambda: fwd_bwd(lambda lp: loop_vanilla(old.double(), lp.double(), adv.double(), mask)), 3
+    )
     vanilla = policy_losses.get("vanilla")
     ours_s, ours = timed(lambda: fwd_bwd(lambda lp: vanilla(old, lp, adv, mask)[0]), 5)
     row("vanilla (fwd+bwd)", size, loop_s, ours_s, max_err(ours, ref))

@@ -34,11 +34,43 @@ def _tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    import logging
+
+    from lmrl.config import format_help, load_config
+
+    if args.help:
+        print(TRAIN_USAGE)
+        print(format_help())
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cfg = load_config(args.config, args.overrides)  # every config error before any model loads
+    from lmrl.trainer.trainer import Trainer
+
+    trainer = Trainer(cfg)
+    trainer.fit()
+    print(f"run directory: {trainer.run_dir}")
+    return 0
+
+
+TRAIN_USAGE = """usage: lmrl train [--config FILE.yaml] key=value ...
+
+Train a policy with RL. Keys in lmrl's layout (actor.clip_ratio=0.2) or verl's
+(actor_rollout_ref.actor.clip_ratio=0.2). The keys, their defaults and docs follow.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lmrl", description="Reinforcement-learning post-training of language models."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train a policy with RL", add_help=False)
+    p.add_argument("--config", type=Path, default=None, help="a YAML config (ours or verl's)")
+    p.add_argument("-h", "--help", action="store_true", help="list every config key")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=_train)
 
     p = sub.add_parser("tiny-model", help="build a small model and tokenizer locally")
     p.add_argument("out_dir", type=Path)

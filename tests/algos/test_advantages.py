@@ -404,6 +404,12 @@ def test_contract_every_estimator(name):
     assert torch.all(adv[~mask] == 0)
 
 
+def test_declared_needs():
+    needs = advantage_estimators.needs
+    assert needs("gae") == {"values"} and needs("remax") == {"reward_baselines"}
+    assert needs("grpo_vectorized") == {"index"} and needs("reinforce_plus_plus") == set()
+
+
 def test_aliases_resolve():
     assert advantage_estimators.get("grpo_vectorized") is advantage_estimators.get("grpo")
     assert advantage_estimators.get("rloo_vectorized") is advantage_estimators.get("rloo")

@@ -9,7 +9,9 @@ one signature, so the trainer never branches on which one runs::
         gamma=..., lam=..., epsilon=..., norm_adv_by_std_in_grpo=...,
     )
 
-Inputs an estimator does not use are ignored. Both outputs are ``(B, T)`` and 0 outside the
+Inputs an estimator does not use are ignored; the ones it cannot do without are declared at
+registration (``advantage_estimators.needs("gae") == {"values"}``), so the trainer knows to
+run the critic or the greedy baseline rollout without knowing the estimator. Both outputs are ``(B, T)`` and 0 outside the
 mask; nothing at a masked position (rewards, values, NaN) reaches any output.
 
 Everything is vectorized. Group statistics use scatter-adds over the group ids; the
@@ -185,7 +187,7 @@ def _scores(token_level_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tens
 # ------------------------------------------------------------------------ estimators
 
 
-@advantage_estimators.register("gae")
+@advantage_estimators.register("gae", needs=("values",))
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -220,7 +222,7 @@ def compute_gae_advantage_return(
     return masked_whiten(advantages, mask), returns
 
 
-@advantage_estimators.register("grpo")
+@advantage_estimators.register("grpo", needs=("index",))
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -254,7 +256,7 @@ def compute_grpo_outcome_advantage(
     return adv, adv
 
 
-@advantage_estimators.register("grpo_passk")
+@advantage_estimators.register("grpo_passk", needs=("index",))
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -295,7 +297,7 @@ def compute_grpo_passk_outcome_advantage(
     return adv, adv
 
 
-@advantage_estimators.register("rloo")
+@advantage_estimators.register("rloo", needs=("index",))
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -338,7 +340,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return masked_whiten(returns, mask), returns
 
 
-@advantage_estimators.register("reinforce_plus_plus_baseline")
+@advantage_estimators.register("reinforce_plus_plus_baseline", needs=("index",))
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -362,7 +364,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return adv, adv
 
 
-@advantage_estimators.register("remax")
+@advantage_estimators.register("remax", needs=("reward_baselines",))
 def compute_remax_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -393,7 +395,7 @@ def compute_remax_outcome_advantage(
     return advantages, returns
 
 
-@advantage_estimators.register("opo")
+@advantage_estimators.register("opo", needs=("index",))
 def compute_opo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -34,15 +34,29 @@ class Registry(Generic[F]):
     def __init__(self, family: str):
         self.family = family
         self._entries: dict[str, F] = {}
+        self._needs: dict[str, frozenset[str]] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
+    def register(self, name: str, *, needs: tuple[str, ...] = ()) -> Callable[[F], F]:
+        """Decorator registering ``fn`` under ``name``.
+
+        Args:
+            name: the recipes' name for it.
+            needs: optional inputs this entry cannot do without (e.g. an estimator's
+                ``values``), so callers can prepare them without branching on the name.
+        """
+
         def decorator(fn: F) -> F:
             if name in self._entries or name in ALIASES:
                 raise ValueError(f"{self.family} {name!r} is already registered")
             self._entries[name] = fn
+            self._needs[name] = frozenset(needs)
             return fn
 
         return decorator
+
+    def needs(self, name: str) -> frozenset[str]:
+        """The inputs ``name`` requires (declared at registration)."""
+        return self._needs[self.canonical(name)]
 
     def canonical(self, name: str) -> str:
         """The registered name that ``name`` (possibly an alias) stands for."""

@@ -1,0 +1,439 @@
+"""Policy losses: the ``policy_losses`` registry, one entry per recipe, one shared signature.
+
+Every loss takes ``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode)`` plus
+keyword hyperparameters and returns ``(loss, metrics)``: a 0-dim loss whose gradient flows
+through ``log_prob`` only, and detached 0-dim ``pg_clipfrac``, ``pg_clipfrac_lower`` and
+``ppo_kl`` (0 where a loss has no such notion). A loss accepts and ignores the other losses'
+hyperparameters (``**kwargs``), so the trainer calls whichever one the config names without
+branching on it.
+
+The choice this module makes: inputs are sanitized at the boundary. Positions outside
+``response_mask`` are replaced by 0 with ``torch.where`` before any arithmetic, so NaN or
+huge values there never reach a loss, a metric or a gradient (the gradient of ``log_prob``
+is exactly 0 there). ``rollout_is_weights`` (rollout correction, detached) multiply the
+per-token loss before aggregation; ``norm`` carries the mini-batch's global counts when the
+loss is computed per micro-batch (see ``lmrl.algos.agg``).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from lmrl.algos.agg import AggNorm, agg_loss
+from lmrl.algos.checks import as_bool_mask, check_2d, check_same_shape
+from lmrl.algos.masked import masked_mean
+from lmrl.algos.registry import Registry
+
+policy_losses = Registry("policy loss")
+
+# log-ratios are clamped before exp() so that one wild token cannot overflow the loss
+_LOG_RATIO_CLAMP = 20.0
+# GSPO clamps its (sequence) log-ratio from above only, as in the paper's reference code
+_GSPO_LOG_RATIO_MAX = 10.0
+
+Metrics = dict[str, torch.Tensor]
+
+
+class _Inputs(NamedTuple):
+    old_log_prob: torch.Tensor  # (B, T), 0 outside the mask
+    log_prob: torch.Tensor  # (B, T), 0 outside the mask, carries the gradient
+    advantages: torch.Tensor  # (B, T), 0 outside the mask
+    mask: torch.Tensor  # bool (B, T)
+    weights: torch.Tensor | None  # detached (B, T), 0 outside the mask, or None
+
+
+def _prepare(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_is_weights: torch.Tensor | None,
+) -> _Inputs:
+    """Check shapes and zero every input outside the mask (NaN-safe, gradient-safe)."""
+    check_2d("log_prob", log_prob)
+    check_same_shape(
+        log_prob=log_prob,
+        old_log_prob=old_log_prob,
+        advantages=advantages,
+        response_mask=response_mask,
+        rollout_is_weights=rollout_is_weights,
+    )
+    mask = as_bool_mask("response_mask", response_mask)
+    weights = None
+    if rollout_is_weights is not None:
+        weights = torch.where(mask, rollout_is_weights.detach(), 0.0)
+    return _Inputs(
+        old_log_prob=torch.where(mask, old_log_prob.detach(), 0.0),
+        log_prob=torch.where(mask, log_prob, 0.0),
+        advantages=torch.where(mask, advantages.detach(), 0.0),
+        mask=mask,
+        weights=weights,
+    )
+
+
+def _clip_bounds(
+    clip_ratio: float, clip_ratio_low: float | None, clip_ratio_high: float | None
+) -> tuple[float, float]:
+    """``(low, high)``: each defaults to ``clip_ratio``; negative values are an error."""
+    bounds = []
+    for name, value in (("clip_ratio_low", clip_ratio_low), ("clip_ratio_high", clip_ratio_high)):
+        if value is None:
+            name, value = "clip_ratio", clip_ratio
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+        bounds.append(float(value))
+    return bounds[0], bounds[1]
+
+
+def _weighted(pg_losses: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    return pg_losses if weights is None else pg_losses * weights
+
+
+def _fraction(condition: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Fraction of valid tokens where ``condition`` holds, as a float 0-dim tensor."""
+    return masked_mean(condition.float(), mask)
+
+
+def _metrics(
+    pg_clipfrac: torch.Tensor | None, pg_clipfrac_lower: torch.Tensor | None, ppo_kl: torch.Tensor
+) -> Metrics:
+    """Detached 0-dim metrics, at least float32 (a bf16 ``ppo_kl`` is promoted)."""
+    zero = torch.zeros((), dtype=torch.float32, device=ppo_kl.device)
+    values = {
+        "pg_clipfrac": zero if pg_clipfrac is None else pg_clipfrac,
+        "pg_clipfrac_lower": zero if pg_clipfrac_lower is None else pg_clipfrac_lower,
+        "ppo_kl": ppo_kl,
+    }
+    return {
+        k: v.detach().to(torch.promote_types(v.dtype, torch.float32)) for k, v in values.items()
+    }
+
+
+@policy_losses.register("vanilla")
+def vanilla(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    rollout_is_weights: torch.Tensor | None = None,
+    norm: AggNorm | None = None,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    **kwargs,
+) -> tuple[torch.Tensor, Metrics]:
+    """PPO's clipped surrogate with asymmetric bounds and the dual clip for A < 0.
+
+    PPO (arXiv:1707.06347), clip-higher from DAPO (arXiv:2503.14476), dual clip
+    (arXiv:1912.09729). Per token, with ``r = exp(clamp(log_prob - old_log_prob, -20, 20))``:
+    ``l = max(-A r, -A clip(r, 1 - low, 1 + high))``, and for ``A < 0`` additionally
+    ``l = min(l, -A clip_ratio_c)``: the loss of a bad action is bounded by ``-A c``.
+
+    Args:
+        old_log_prob: (B, T) log-probs of the sampled tokens under the policy that the
+            ratio is anchored to (pi_old).
+        log_prob: (B, T) log-probs under the policy being optimized; carries the gradient.
+        advantages: (B, T).
+        response_mask: bool (B, T), True = the token counts.
+        loss_agg_mode: see ``lmrl.algos.agg.agg_loss``.
+        rollout_is_weights: detached (B, T) weights multiplying the per-token loss.
+        norm: global normalizers of the mini-batch when this is a micro-batch.
+        clip_ratio: epsilon; the default of ``clip_ratio_low`` and ``clip_ratio_high``.
+        clip_ratio_low: the ratio is clipped from below at ``1 - clip_ratio_low``.
+        clip_ratio_high: the ratio is clipped from above at ``1 + clip_ratio_high``.
+        clip_ratio_c: dual-clip constant, must be > 1.
+        **kwargs: other losses' hyperparameters, ignored.
+    Returns:
+        ``(loss, metrics)``: ``pg_clipfrac`` = fraction of tokens where the clipped term was
+        chosen; ``pg_clipfrac_lower`` = fraction with A < 0 bounded by the dual clip;
+        ``ppo_kl`` = masked mean of ``old_log_prob - log_prob``.
+    """
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1 for dual-clip PPO, got {clip_ratio_c}")
+    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
+    adv = x.advantages
+
+    log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    pg_losses1 = -adv * ratio
+    pg_losses2 = -adv * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    clipped = torch.maximum(pg_losses1, pg_losses2)
+    pg_losses3 = -adv * clip_ratio_c
+    dual_clipped = torch.minimum(clipped, pg_losses3)
+    pg_losses = torch.where(adv < 0, dual_clipped, clipped)
+
+    loss = agg_loss(_weighted(pg_losses, x.weights), x.mask, loss_agg_mode, norm)
+    return loss, _metrics(
+        pg_clipfrac=_fraction(pg_losses2 > pg_losses1, x.mask),
+        pg_clipfrac_lower=_fraction((clipped > pg_losses3) & (adv < 0), x.mask),
+        ppo_kl=masked_mean(-log_ratio, x.mask),
+    )
+
+
+@policy_losses.register("gspo")
+def gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    *,
+    rollout_is_weights: torch.Tensor | None = None,
+    norm: AggNorm | None = None,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    **kwargs,
+) -> tuple[torch.Tensor, Metrics]:
+    """GSPO: PPO clipping on a sequence-level ratio, with token-level gradients.
+
+    Group Sequence Policy Optimization (arXiv:2507.18071). ``s_i`` is the geometric mean of
+    the token ratios of sequence i, ``exp(mean_t(log_prob - old_log_prob))``; each token uses
+    ``s_it = sg[s_i] * pi / sg[pi]`` (same value as ``s_i``, gradient of its own log-prob),
+    log-clamped at 10, in ``max(-A s_it, -A clip(s_it, 1 - low, 1 + high))``.
+    The aggregation is always ``seq-mean-token-mean`` (``loss_agg_mode`` is ignored, as in
+    verl); ``norm`` is honoured. ``clip_ratio_c`` is unused.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
+        loss_agg_mode: ignored (see above).
+        rollout_is_weights: detached (B, T) weights multiplying the per-token loss.
+        norm: global normalizers of the mini-batch when this is a micro-batch.
+        clip_ratio, clip_ratio_low, clip_ratio_high: the clip range, as in ``vanilla``
+            (the GSPO paper uses small values such as 3e-4 / 4e-4).
+        **kwargs: other losses' hyperparameters, ignored.
+    Returns:
+        ``(loss, metrics)``; ``pg_clipfrac_lower`` is 0.
+    """
+    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
+
+    log_ratio = x.log_prob - x.old_log_prob  # (B, T)
+    seq_log_ratio = masked_mean(log_ratio, x.mask, dim=-1)  # (B,)
+    log_seq_ratio = x.log_prob - x.log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    seq_ratio = torch.exp(torch.clamp(log_seq_ratio, max=_GSPO_LOG_RATIO_MAX))
+    pg_losses1 = -x.advantages * seq_ratio
+    pg_losses2 = -x.advantages * torch.clamp(seq_ratio, 1.0 - low, 1.0 + high)
+    pg_losses = torch.maximum(pg_losses1, pg_losses2)
+
+    loss = agg_loss(_weighted(pg_losses, x.weights), x.mask, "seq-mean-token-mean", norm)
+    return loss, _metrics(
+        pg_clipfrac=_fraction(pg_losses2 > pg_losses1, x.mask),
+        pg_clipfrac_lower=None,
+        ppo_kl=masked_mean(-log_ratio, x.mask),
+    )
+
+
+@policy_losses.register("geo_mean")
+def geo_mean(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    rollout_is_weights: torch.Tensor | None = None,
+    norm: AggNorm | None = None,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    **kwargs,
+) -> tuple[torch.Tensor, Metrics]:
+    """GMPO: the geometric mean of token ratios per sequence, clipped token-wise in log space.
+
+    Geometric-Mean Policy Optimization (arXiv:2507.20673). With ``d = log_prob -
+    old_log_prob`` and ``s = sign(A)``, each token contributes ``s * min(s d, s clip(d, -low,
+    high))`` (A > 0 caps d at ``high``, A < 0 floors it at ``-low``); the sequence ratio is
+    ``exp`` of the mean of those over the sequence, the sequence advantage the mean of A, and
+    ``loss = mean_i(-A_i * ratio_i)`` over sequences with at least one valid token
+    (``loss_agg_mode`` is ignored; ``norm.seq_count`` is honoured). Rollout weights enter per
+    sequence as their geometric mean. ``clip_ratio_c`` is unused.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
+        loss_agg_mode: ignored (see above).
+        rollout_is_weights: detached (B, T) weights; their per-sequence geometric mean
+            multiplies the sequence loss.
+        norm: global normalizers of the mini-batch when this is a micro-batch.
+        clip_ratio, clip_ratio_low, clip_ratio_high: the clip range in log space.
+        **kwargs: other losses' hyperparameters, ignored.
+    Returns:
+        ``(loss, metrics)``: ``pg_clipfrac`` / ``pg_clipfrac_lower`` = fraction of tokens with
+        A > 0 / A < 0 whose log-ratio lies outside ``[-low, high]``.
+    """
+    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
+    adv = x.advantages
+
+    log_ratio = x.log_prob - x.old_log_prob  # (B, T)
+    sign = torch.sign(adv)
+    log_ratio_clamped = torch.clamp(log_ratio, -low, high)
+    log_ratio_min = sign * torch.minimum(sign * log_ratio, sign * log_ratio_clamped)
+    seq_ratio = torch.exp(masked_mean(log_ratio_min, x.mask, dim=-1))  # (B,)
+    seq_adv = masked_mean(adv, x.mask, dim=-1)  # (B,)
+    seq_losses = -seq_adv * seq_ratio  # (B,)
+    if x.weights is not None:
+        log_w = torch.log(x.weights.clamp(min=1e-10))
+        seq_losses = seq_losses * torch.exp(masked_mean(log_w, x.mask, dim=-1))
+
+    has_tokens = x.mask.any(dim=-1)
+    loss = agg_loss(seq_losses[:, None], has_tokens[:, None], "seq-mean-token-sum", norm)
+    clipped = log_ratio != log_ratio_clamped
+    return loss, _metrics(
+        pg_clipfrac=_fraction(clipped & (adv > 0), x.mask),
+        pg_clipfrac_lower=_fraction(clipped & (adv < 0), x.mask),
+        ppo_kl=masked_mean(-log_ratio, x.mask),
+    )
+
+
+@policy_losses.register("cispo")
+def cispo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    rollout_is_weights: torch.Tensor | None = None,
+    norm: AggNorm | None = None,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    **kwargs,
+) -> tuple[torch.Tensor, Metrics]:
+    """CISPO: REINFORCE weighted by a clipped, stop-gradient importance ratio.
+
+    MiniMax-M1 (arXiv:2506.13585). Per token ``l = -sg(clip(r, 1 - low, 1 + high)) * A *
+    log_prob`` with ``r = exp(clamp(log_prob - old_log_prob, -20, 20))``: clipping the weight
+    instead of the update keeps every token's gradient (the paper leaves the lower bound
+    open: set ``clip_ratio_low`` >= 1). ``clip_ratio_c`` is unused.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
+        loss_agg_mode: see ``lmrl.algos.agg.agg_loss``.
+        rollout_is_weights: detached (B, T) weights multiplying the per-token loss.
+        norm: global normalizers of the mini-batch when this is a micro-batch.
+        clip_ratio, clip_ratio_low, clip_ratio_high: the importance-weight clip range.
+        **kwargs: other losses' hyperparameters, ignored.
+    Returns:
+        ``(loss, metrics)``: ``pg_clipfrac`` = fraction of tokens whose ratio was clipped;
+        ``pg_clipfrac_lower`` is 0.
+    """
+    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
+
+    log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio).detach()
+    clipped_ratio = torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    pg_losses = -clipped_ratio * x.advantages * x.log_prob
+
+    loss = agg_loss(_weighted(pg_losses, x.weights), x.mask, loss_agg_mode, norm)
+    return loss, _metrics(
+        pg_clipfrac=_fraction(ratio != clipped_ratio, x.mask),
+        pg_clipfrac_lower=None,
+        ppo_kl=masked_mean(-log_ratio, x.mask),
+    )
+
+
+@policy_losses.register("sapo")
+def sapo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    *,
+    rollout_is_weights: torch.Tensor | None = None,
+    norm: AggNorm | None = None,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    **kwargs,
+) -> tuple[torch.Tensor, Metrics]:
+    """SAPO: a smooth sigmoid gate on the ratio instead of a hard clip.
+
+    Soft Adaptive Policy Optimization (arXiv:2511.20347). Per token ``l = -f(r) * A`` with
+    ``f(r) = (4 / tau) * sigmoid(tau * (r - 1))``, ``tau = tau_pos`` where A > 0 and
+    ``tau_neg`` elsewhere, ``r = exp(clamp(log_prob - old_log_prob, -20, 20))``. At r = 1 the
+    gate's slope is 1 (the plain policy gradient); far from 1 it fades smoothly. As in verl
+    the aggregation is always ``seq-mean-token-mean`` (``loss_agg_mode`` is ignored; ``norm``
+    is honoured); the clip arguments are unused.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
+        loss_agg_mode: ignored (see above).
+        rollout_is_weights: detached (B, T) weights multiplying the per-token loss.
+        norm: global normalizers of the mini-batch when this is a micro-batch.
+        tau_pos: gate temperature for positive advantages, > 0.
+        tau_neg: gate temperature for non-positive advantages, > 0 (larger = the gradient
+            of a bad token fades faster once its ratio moves away from 1).
+        **kwargs: other losses' hyperparameters, ignored.
+    Returns:
+        ``(loss, metrics)``; ``pg_clipfrac`` and ``pg_clipfrac_lower`` are 0 (nothing is
+        clipped).
+    """
+    for name, tau in (("tau_pos", tau_pos), ("tau_neg", tau_neg)):
+        if tau <= 0:
+            raise ValueError(f"{name} must be > 0, got {tau}")
+    x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
+
+    log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    tau = torch.where(x.advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    pg_losses = -gate * x.advantages
+
+    loss = agg_loss(_weighted(pg_losses, x.weights), x.mask, "seq-mean-token-mean", norm)
+    return loss, _metrics(None, None, ppo_kl=masked_mean(-log_ratio, x.mask))
+
+
+@policy_losses.register("reinforce")
+def reinforce(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    rollout_is_weights: torch.Tensor | None = None,
+    norm: AggNorm | None = None,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    **kwargs,
+) -> tuple[torch.Tensor, Metrics]:
+    """Plain policy gradient ``-A * log_prob * w`` (w = rollout weights, or 1).
+
+    REINFORCE (Williams, 1992), for bypass mode where the rollout engine's log-probs serve as
+    the old policy and the only correction is ``rollout_is_weights``. No ratio, no clipping;
+    ``old_log_prob`` only feeds the ``ppo_kl`` diagnostic.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
+        loss_agg_mode: see ``lmrl.algos.agg.agg_loss``.
+        rollout_is_weights: detached (B, T) weights multiplying the per-token loss.
+        norm: global normalizers of the mini-batch when this is a micro-batch.
+        clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c: unused.
+        **kwargs: other losses' hyperparameters, ignored.
+    Returns:
+        ``(loss, metrics)``; clip fractions are 0, ``ppo_kl`` = masked mean of
+        ``old_log_prob - log_prob``.
+    """
+    x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
+    pg_losses = -x.advantages * x.log_prob
+    loss = agg_loss(_weighted(pg_losses, x.weights), x.mask, loss_agg_mode, norm)
+    ppo_kl = masked_mean(x.old_log_prob - x.log_prob.detach(), x.mask)
+    return loss, _metrics(None, None, ppo_kl=ppo_kl)

@@ -1,0 +1,392 @@
+"""Loading a config: defaults <- YAML file <- ``key=value`` overrides; saving the resolved one.
+
+``load_config`` starts from the dataclass defaults, applies the YAML file (our layout or
+verl's nesting, Hydra/OmegaConf ``${...}`` interpolations resolved within the file), then the
+command-line overrides in order (later wins). Every key goes through the verl translation
+table (``lmrl.config.verl``), is checked against the schema (unknown keys get a
+did-you-mean), and its value is converted to the key's type. Then the config is resolved
+(``null`` = "same as X" defaults filled in) and validated (``lmrl.config.validate``). All
+problems found are raised together as one ``ConfigError``; nothing loads a model.
+
+Notices (verl keys that change nothing here, harmless oddities) go to the
+``lmrl.config`` logger at WARNING level, one line each, and to ``notices`` when a list is
+given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import difflib
+import logging
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_origin
+
+import yaml
+
+from lmrl.config.errors import ConfigError
+from lmrl.config.fields import Mismatch, coerce, leaf_paths, schema
+from lmrl.config.fields import get_path as _get
+from lmrl.config.fields import set_path as _set
+from lmrl.config.schema import Config
+from lmrl.config.validate import resolve_config, validate_config
+from lmrl.config.verl import translate, verl_spellings
+
+logger = logging.getLogger("lmrl.config")
+
+#: keys ``load_config`` insists on by default (a training run needs both)
+REQUIRED_FOR_TRAINING = ("model.path", "data.train_files")
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One incoming ``key=value`` and where it came from."""
+
+    key: str
+    value: Any
+    raw: str | None  # the text typed on the command line, None from a file
+    source: str  # "on the command line" / "in FILE"
+
+
+def load_config(
+    config_file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    required: Sequence[str] = REQUIRED_FOR_TRAINING,
+    notices: list[str] | None = None,
+) -> Config:
+    """Build the run's config from the defaults, a YAML file and command-line overrides.
+
+    Args:
+        config_file: a YAML file in our layout or verl's (``actor_rollout_ref: ...``), or
+            None for the defaults alone.
+        overrides: ``key=value`` strings, dotted keys in either layout; values are parsed as
+            YAML (``0.2``, ``true``, ``[a,b]``, ``null``). A leading ``+`` (Hydra's "add") is
+            accepted.
+        required: dotted keys that must not be null (default: ``model.path`` and
+            ``data.train_files``; pass ``()`` for a config that does not train).
+        notices: if given, one-line notices are appended to it (they are logged regardless).
+    Returns:
+        The resolved, validated ``Config``.
+    Raises:
+        ConfigError: every problem found (unreadable file, malformed override, unknown key,
+            wrong type, unknown registry name, inconsistent batch sizes...), each naming the
+            key and the fix.
+    """
+    layers: list[list[_Entry]] = []
+    errors: list[str] = []
+    if config_file is not None:
+        layers.append(_flatten(_read_yaml(Path(config_file)), f"in {config_file}"))
+    layer: list[_Entry] = []
+    for text in overrides:
+        try:
+            layer.extend(parse_override(text))
+        except ConfigError as err:
+            errors.extend(err.errors)
+    layers.append(layer)
+    return _finish(layers, errors, required, notices)
+
+
+def config_from_dict(
+    data: Mapping[str, Any],
+    overrides: Sequence[str] = (),
+    *,
+    required: Sequence[str] = (),
+    notices: list[str] | None = None,
+) -> Config:
+    """``load_config`` for a nested dict (our layout or verl's) instead of a file.
+
+    Args:
+        data: nested mapping, e.g. ``config_to_dict(cfg)`` or a parsed YAML document.
+        overrides: ``key=value`` strings applied after ``data``.
+        required: dotted keys that must not be null.
+        notices: if given, notices are appended to it.
+    Returns:
+        The resolved, validated ``Config``.
+    Raises:
+        ConfigError: as ``load_config``.
+    """
+    errors: list[str] = []
+    layer: list[_Entry] = []
+    for text in overrides:
+        try:
+            layer.extend(parse_override(text))
+        except ConfigError as err:
+            errors.extend(err.errors)
+    return _finish([_flatten(data, "in the given dict"), layer], errors, required, notices)
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as nested plain dicts and lists (YAML- and JSON-serializable)."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | Path) -> Path:
+    """Write the config as YAML (atomically: a temp file, then a rename).
+
+    Args:
+        cfg: the config, normally the resolved one ``load_config`` returned.
+        path: the file to write; parent directories are created.
+    Returns:
+        The path written. ``load_config(path, [])`` gives back an equal config.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "# lmrl resolved config: load it with `lmrl train --config THIS_FILE`\n"
+    text += yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+    fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".yaml", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def parse_override(text: str) -> list[_Entry]:
+    """Split one command-line ``key=value`` (a mapping value gives several entries).
+
+    Raises:
+        ConfigError: no ``=``, an empty key or key segment, or a ``~key`` deletion.
+    """
+    if text.strip().startswith("~"):
+        raise ConfigError(
+            f"override {text!r}: deleting keys (~key) is not supported; set key=null instead"
+        )
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not key=value; write e.g. actor.clip_ratio=0.2")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    key = key.lstrip("+")
+    if not key or any(not seg for seg in key.split(".")):
+        raise ConfigError(f"override {text!r}: {key!r} is not a dotted key like actor.clip_ratio")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    if not _is_plain(value):
+        value = raw
+    return _expand(key, value, "on the command line", raw)
+
+
+# ------------------------------------------------------------------------------------------
+# internals
+# ------------------------------------------------------------------------------------------
+
+
+def _is_plain(value: Any) -> bool:
+    if value is None or isinstance(value, bool | int | float | str):
+        return True
+    if isinstance(value, list | tuple):
+        return all(_is_plain(v) for v in value)
+    if isinstance(value, Mapping):
+        return all(isinstance(k, str) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def _plain(value: Any) -> Any:
+    """YAML scalars PyYAML turns into objects (dates) become their text."""
+    if isinstance(value, datetime.date | datetime.datetime):
+        return value.isoformat()
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _read_yaml(path: Path) -> Mapping[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as err:
+        raise ConfigError(f"config file {path} cannot be read: {err}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"config file {path} must hold a mapping of sections (data:, actor:, ...), "
+            f"got a {type(data).__name__}"
+        )
+    data = _plain(data)
+    if "${" in text:
+        data = _resolve_interpolations(data, path)
+    return data
+
+
+def _resolve_interpolations(data: Mapping[str, Any], path: Path) -> Mapping[str, Any]:
+    """Resolve OmegaConf ``${...}`` interpolations within the file (verl's YAML uses them)."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return OmegaConf.to_container(OmegaConf.create(data), resolve=True)
+    except OmegaConfBaseException as err:
+        first_line = str(err).splitlines()[0]
+        raise ConfigError(
+            f"config file {path}: cannot resolve an interpolation ({first_line}); "
+            "write the value itself instead"
+        ) from None
+
+
+def _flatten(data: Mapping[str, Any], source: str) -> list[_Entry]:
+    """A nested mapping -> leaf entries."""
+    out: list[_Entry] = []
+    for k, v in data.items():
+        out.extend(_expand(str(k), v, source))
+    return out
+
+
+def _expand(key: str, value: Any, source: str, raw: str | None = None) -> list[_Entry]:
+    """One key -> leaf entries, descending into mappings until a schema key takes a mapping."""
+    if not isinstance(value, Mapping):
+        return [_Entry(key, value, raw, source)]
+    target = translate(key, value).path
+    spec = schema().get(target) if target is not None else None
+    if spec is not None and not spec.section:  # a mapping-valued key (reward_kwargs)
+        return [_Entry(key, dict(value), raw, source)]
+    out: list[_Entry] = []
+    for k, v in value.items():
+        out.extend(_expand(f"{key}.{k}", v, source))
+    return out
+
+
+def _finish(
+    layers: list[list[_Entry]],
+    errors: list[str],
+    required: Iterable[str],
+    notices: list[str] | None,
+) -> Config:
+    found: list[str] = []
+    cfg = _build(layers, errors, found)
+    if errors:
+        _emit(found, notices)
+        raise ConfigError(errors)
+    missing = []
+    for path in required:
+        if _get(cfg, path) is None:
+            verl = verl_spellings(path)
+            alias = f" (verl: {verl[0]}=...)" if verl else ""
+            missing.append(
+                f"{path} is not set: give {path}=...{alias} on the command line or in the "
+                "config file"
+            )
+    try:
+        cfg = resolve_config(cfg)
+        validate_config(cfg, notices=found)
+    except ConfigError as err:
+        _emit(found, notices)
+        raise ConfigError(missing + err.errors) from None
+    _emit(found, notices)
+    if missing:
+        raise ConfigError(missing)
+    return cfg
+
+
+def _build(layers: list[list[_Entry]], errors: list[str], found: list[str]) -> Config:
+    cfg = Config()
+    spec = schema()
+    for layer in layers:
+        seen: dict[str, tuple[_Entry, Any]] = {}
+        for entry in layer:
+            tr = translate(entry.key, entry.value)
+            where = f" ({entry.source})"
+            if tr.error:
+                errors.append(tr.error + where)
+                continue
+            if tr.notice:
+                found.append(tr.notice + where)
+                continue
+            path = tr.path
+            mapped = f" (lmrl key {path!r})" if path != entry.key else ""
+            if path not in spec:
+                holder = _mapping_holder(path)
+                if holder is not None:  # reward_kwargs.scale=2: one item of a mapping key
+                    item = dict(_get(cfg, holder))
+                    item[path[len(holder) + 1 :]] = tr.value
+                    _set(cfg, holder, item)
+                    continue
+                errors.append(_unknown_key(entry, path) + where)
+                continue
+            if spec[path].section:
+                if tr.value is None:  # an empty section in YAML (`critic:`) sets nothing
+                    continue
+                first = next(p for p in leaf_paths() if p.startswith(path + "."))
+                errors.append(
+                    f"{entry.key}{mapped} is a section, not a value; set its keys, "
+                    f"e.g. {first}=...{where}"
+                )
+                continue
+            if tr.value == "???":
+                errors.append(
+                    f"{entry.key}{mapped} is ??? (a value verl's YAML leaves to the user); "
+                    f"give it a value{where}"
+                )
+                continue
+            raw = entry.raw if tr.value is entry.value else None
+            try:
+                value = coerce(tr.value, spec[path].type, raw)
+            except Mismatch as err:
+                hint = f"; {err.hint}" if err.hint else ""
+                errors.append(
+                    f"{entry.key}{mapped}: expected {err.expected}, got {tr.value!r}{hint}{where}"
+                )
+                continue
+            if entry.raw is None and path in seen and seen[path][1] != value:
+                other = seen[path][0]
+                errors.append(
+                    f"{path} is set twice{where}: {other.key}={seen[path][1]!r} and "
+                    f"{entry.key}={value!r}; keep one"
+                )
+                continue
+            seen[path] = (entry, value)
+            _set(cfg, path, value)
+    return cfg
+
+
+def _mapping_holder(path: str) -> str | None:
+    """The mapping-valued schema key that ``path`` lies inside, if any."""
+    spec = schema()
+    parts = path.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:i])
+        if prefix in spec:
+            return prefix if get_origin(spec[prefix].type) is dict else None
+    return None
+
+
+def _unknown_key(entry: _Entry, path: str) -> str:
+    mapped = f" (lmrl key {path!r})" if path != entry.key else ""
+    leaves = leaf_paths()
+    candidates = list(leaves)
+    for leaf in leaves:
+        candidates.extend(verl_spellings(leaf))
+    close = difflib.get_close_matches(path, candidates, n=1, cutoff=0.6)
+    if not close and path != entry.key:
+        close = difflib.get_close_matches(entry.key, candidates, n=1, cutoff=0.6)
+    if close:
+        return f"unknown key {entry.key!r}{mapped}; did you mean {close[0]!r}?"
+    section = path.rsplit(".", 1)[0] if "." in path else ""
+    spec = schema()
+    if section in spec and spec[section].section:
+        keys = [p.rsplit(".", 1)[1] for p in leaves if p.rsplit(".", 1)[0] == section]
+        return f"unknown key {entry.key!r}{mapped}; the keys of {section} are: {', '.join(keys)}"
+    return f"unknown key {entry.key!r}{mapped}; `lmrl train --help` lists every key"
+
+
+def _emit(found: list[str], notices: list[str] | None) -> None:
+    for line in found:
+        logger.warning(line)
+    if notices is not None:
+        notices.extend(found)

@@ -1,0 +1,394 @@
+"""The verl translation table: the one place that knows verl's key paths.
+
+A verl user's command line or YAML carries over: every key goes through ``translate``, which
+rewrites verl's paths onto ours (``actor_rollout_ref.actor.clip_ratio -> actor.clip_ratio``),
+renames the few keys whose names differ (``*_per_gpu`` micro-batch sizes, ``warmup_style``),
+and accepts keys that only make sense on verl's GPU stack (FSDP, vLLM, dynamic batching...)
+with a one-line notice instead of dropping them silently.
+
+The choice this module makes: rules are applied repeatedly until none matches, so a verl
+section prefix and one of our renames compose (``actor_rollout_ref.actor.X_per_gpu`` ->
+``actor.X_per_gpu`` -> ``actor.X``), and the renames also accept the verl spelling written in
+our layout. A verl switch that would change something lmrl cannot do (``reward_model.enable``
+true, ``multi_turn.enable`` true) is an error rather than a notice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One row of the table.
+
+    Attributes:
+        verl: a dotted path; ``X.*`` matches every key below ``X``; ``*.name`` matches a last
+            segment ``name`` at any depth.
+        ours: where it goes: a dotted path (``Y.*`` when ``verl`` is ``X.*``), or None when the
+            key changes nothing in lmrl (accepted with a notice).
+        note: why such a key changes nothing (shown in the notice).
+        only: for ``ours=None``, the only values accepted; any other value is an error
+            (the feature is not available in lmrl). Empty = every value is accepted.
+        when_true: for a verl on/off switch: ``(our_path, our_value)`` set when it is true;
+            false changes nothing (a notice).
+        skip: values that change nothing (a notice) instead of being mapped.
+    """
+
+    verl: str
+    ours: str | None
+    note: str = ""
+    only: tuple[Any, ...] = ()
+    when_true: tuple[str, Any] | None = None
+    skip: tuple[Any, ...] = ()
+
+
+_FSDP = "verl's FSDP sharding/offload setting; lmrl's workers hold whole models"
+_BSZ = "verl's token-budget dynamic batching; lmrl batches by the micro-batch sizes"
+_SP = "verl's sequence parallelism"
+_ENGINE = "verl's vLLM/SGLang engine setting"
+_PROF = "verl's profiler"
+_KERNEL = "a verl kernel/compile option"
+_CKPT = "lmrl checkpoints always hold model, optimizer and trainer state"
+_STRATEGY = "verl's training backend (fsdp/megatron); lmrl uses plain PyTorch"
+_LEN = "lmrl takes the lengths from data.max_prompt_length / data.max_response_length"
+_UNSUPPORTED = "not available in lmrl"
+
+VERL_RULES: tuple[Rule, ...] = (
+    # ---- section prefixes: verl's nesting onto ours
+    Rule("actor_rollout_ref.model.*", "model.*"),
+    Rule("actor_rollout_ref.actor.*", "actor.*"),
+    Rule("actor_rollout_ref.rollout.*", "rollout.*"),
+    Rule("actor_rollout_ref.ref.*", "ref.*"),
+    Rule("custom_reward_function.*", "reward.custom_reward_function.*"),
+    Rule("reward_model.reward_manager", "reward.manager"),
+    Rule("reward_model.overlong_buffer.*", "reward.overlong_buffer.*"),
+    Rule("reward_model.reward_kwargs.overlong_buffer_cfg.*", "reward.overlong_buffer.*"),
+    Rule("trainer.n_gpus_per_node", "resources.n_gpus_per_node"),
+    Rule("trainer.nnodes", "resources.nnodes"),
+    Rule("ray_init.num_cpus", "resources.num_cpus"),
+    Rule("ray_kwargs.ray_init.num_cpus", "resources.num_cpus"),
+    # ---- renames (verl names, also accepted in our layout)
+    Rule("actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size"),
+    Rule("actor.optim.warmup_style", "actor.optim.lr_scheduler"),
+    Rule("actor.optim.lr_scheduler_type", "actor.optim.lr_scheduler"),
+    Rule("actor.optim.clip_grad", "actor.grad_clip"),
+    Rule("rollout.log_prob_micro_batch_size_per_gpu", "rollout.log_prob_micro_batch_size"),
+    Rule("ref.log_prob_micro_batch_size_per_gpu", "ref.log_prob_micro_batch_size"),
+    Rule("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size"),
+    Rule("critic.forward_micro_batch_size_per_gpu", "critic.forward_micro_batch_size"),
+    Rule("critic.optim.warmup_style", "critic.optim.lr_scheduler"),
+    Rule("critic.optim.lr_scheduler_type", "critic.optim.lr_scheduler"),
+    Rule("critic.optim.clip_grad", "critic.grad_clip"),
+    Rule("trainer.max_actor_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
+    Rule("trainer.max_critic_ckpt_to_keep", "trainer.max_ckpt_to_keep"),
+    Rule(
+        "trainer.resume_from_path",
+        "trainer.resume_mode",
+        "no checkpoint path given",
+        skip=(None,),
+    ),
+    Rule(
+        "trainer.resume_mode",
+        "trainer.resume_mode",
+        "the checkpoint path given as trainer.resume_from_path becomes trainer.resume_mode",
+        skip=("resume_path",),
+    ),
+    Rule("algorithm.rollout_is_level", "rollout.correction.level"),
+    Rule("algorithm.rollout_is_mode", "rollout.correction.mode"),
+    Rule(
+        "algorithm.rollout_is_threshold",
+        "rollout.correction.threshold",
+        "null switches verl's rollout correction off; rollout.log_prob_mode decides",
+        skip=(None,),
+    ),
+    Rule("algorithm.rollout_is_threshold_lower", "rollout.correction.threshold_lower"),
+    Rule(
+        "algorithm.rollout_is",
+        None,
+        "rollout.log_prob_mode decides",
+        when_true=("rollout.log_prob_mode", "rollout_correction"),
+    ),
+    Rule(
+        "algorithm.rollout_correction.bypass_mode",
+        None,
+        "rollout.log_prob_mode decides",
+        when_true=("rollout.log_prob_mode", "bypass"),
+    ),
+    Rule("algorithm.rollout_is_veto_threshold", None, _UNSUPPORTED, only=(None,)),
+    # ---- accepted, change nothing here: model
+    Rule("model.use_remove_padding", None, _KERNEL),
+    Rule("model.use_fused_kernels", None, _KERNEL),
+    Rule("model.fused_kernel_options.*", None, _KERNEL),
+    Rule("model.use_liger", None, _KERNEL),
+    Rule("model.use_shm", None, "verl's shared-memory model loading"),
+    Rule("model.enable_activation_offload", None, _FSDP),
+    Rule("model.external_lib", None, _UNSUPPORTED, only=(None,)),
+    Rule("model.custom_chat_template", None, _UNSUPPORTED, only=(None,)),
+    Rule("model.exclude_modules", None, _UNSUPPORTED, only=(None,)),
+    # actor
+    Rule("actor.strategy", None, _STRATEGY),
+    Rule("actor.fsdp_config.*", None, _FSDP),
+    Rule("actor.use_dynamic_bsz", None, _BSZ),
+    Rule("actor.ppo_max_token_len_per_gpu", None, _BSZ),
+    Rule("actor.ulysses_sequence_parallel_size", None, _SP),
+    Rule("actor.use_torch_compile", None, _KERNEL),
+    Rule("actor.use_fused_kernels", None, _KERNEL),
+    Rule("actor.use_remove_padding", None, _KERNEL),
+    Rule("actor.entropy_from_logits_with_chunking", None, _KERNEL),
+    Rule("actor.entropy_checkpointing", None, _KERNEL),
+    Rule("actor.checkpoint.*", None, _CKPT),
+    Rule("actor.profiler.*", None, _PROF),
+    Rule("actor.optim.total_training_steps", None, "the trainer computes the total steps"),
+    Rule("actor.optim.num_cycles", None, "lmrl's cosine is a half cycle", only=(0.5,)),
+    Rule("actor.policy_loss.clip_cov_ratio", None, "used by verl's clip_cov loss only"),
+    Rule("actor.policy_loss.clip_cov_lb", None, "used by verl's clip_cov loss only"),
+    Rule("actor.policy_loss.clip_cov_ub", None, "used by verl's clip_cov loss only"),
+    Rule("actor.policy_loss.kl_cov_ratio", None, "used by verl's kl_cov loss only"),
+    Rule("actor.policy_loss.ppo_kl_coef", None, "used by verl's kl_cov loss only"),
+    # ref
+    Rule("ref.strategy", None, _STRATEGY),
+    Rule("ref.fsdp_config.*", None, _FSDP),
+    Rule("ref.log_prob_use_dynamic_bsz", None, _BSZ),
+    Rule("ref.log_prob_max_token_len_per_gpu", None, _BSZ),
+    Rule("ref.ulysses_sequence_parallel_size", None, _SP),
+    Rule("ref.use_torch_compile", None, _KERNEL),
+    Rule("ref.entropy_from_logits_with_chunking", None, _KERNEL),
+    Rule("ref.entropy_checkpointing", None, _KERNEL),
+    Rule("ref.profiler.*", None, _PROF),
+    Rule("ref.model", None, "the reference is the initial actor", only=(None,)),
+    # rollout
+    Rule("rollout.mode", None, "verl's sync/async engine mode"),
+    Rule("rollout.prompt_length", None, _LEN),
+    Rule("rollout.response_length", None, _LEN),
+    Rule("rollout.max_model_len", None, _LEN),
+    Rule("rollout.dtype", None, _ENGINE),
+    Rule("rollout.gpu_memory_utilization", None, _ENGINE),
+    Rule("rollout.tensor_model_parallel_size", None, _ENGINE),
+    Rule("rollout.data_parallel_size", None, _ENGINE),
+    Rule("rollout.expert_parallel_size", None, _ENGINE),
+    Rule("rollout.pipeline_model_parallel_size", None, _ENGINE),
+    Rule("rollout.enforce_eager", None, _ENGINE),
+    Rule("rollout.cudagraph_capture_sizes", None, _ENGINE),
+    Rule("rollout.free_cache_engine", None, _ENGINE),
+    Rule("rollout.max_num_batched_tokens", None, _ENGINE),
+    Rule("rollout.max_num_seqs", None, _ENGINE),
+    Rule("rollout.enable_chunked_prefill", None, _ENGINE),
+    Rule("rollout.enable_prefix_caching", None, _ENGINE),
+    Rule("rollout.load_format", None, _ENGINE),
+    Rule("rollout.layered_summon", None, _ENGINE),
+    Rule("rollout.disable_log_stats", None, _ENGINE),
+    Rule("rollout.multi_stage_wake_up", None, _ENGINE),
+    Rule("rollout.update_weights_bucket_megabytes", None, _ENGINE),
+    Rule("rollout.engine_kwargs.*", None, _ENGINE),
+    Rule("rollout.log_prob_use_dynamic_bsz", None, _BSZ),
+    Rule("rollout.log_prob_max_token_len_per_gpu", None, _BSZ),
+    Rule("rollout.calculate_log_probs", None, "lmrl's engines always return their log-probs"),
+    Rule("rollout.profiler.*", None, _PROF),
+    Rule("rollout.trace.*", None, "verl's rollout tracing"),
+    Rule("rollout.agent.*", None, "verl's agent loop"),
+    Rule("rollout.skip_dump_dir", None, "verl's rollout dump"),
+    Rule("rollout.skip_rollout", None, _UNSUPPORTED, only=(False,)),
+    Rule("rollout.ignore_eos", None, _UNSUPPORTED, only=(False,)),
+    Rule("rollout.over_sample_rate", None, _UNSUPPORTED, only=(0, 0.0)),
+    Rule("rollout.multi_turn.enable", None, "multi-turn rollout is " + _UNSUPPORTED, only=(False,)),
+    Rule("rollout.multi_turn.*", None, "multi-turn rollout is off"),
+    # critic
+    Rule("critic.strategy", None, _STRATEGY),
+    Rule("critic.rollout_n", None, "lmrl reads rollout.n"),
+    Rule("critic.use_dynamic_bsz", None, _BSZ),
+    Rule("critic.ppo_max_token_len_per_gpu", None, _BSZ),
+    Rule("critic.forward_max_token_len_per_gpu", None, _BSZ),
+    Rule("critic.ulysses_sequence_parallel_size", None, _SP),
+    Rule("critic.checkpoint.*", None, _CKPT),
+    Rule("critic.profiler.*", None, _PROF),
+    Rule("critic.optim.total_training_steps", None, "the trainer computes the total steps"),
+    Rule("critic.optim.num_cycles", None, "lmrl's cosine is a half cycle", only=(0.5,)),
+    Rule("critic.model.fsdp_config.*", None, _FSDP),
+    Rule("critic.model.tokenizer_path", None, "the critic uses the actor's tokenizer"),
+    Rule("critic.model.trust_remote_code", None, "model.trust_remote_code applies to both"),
+    Rule("critic.model.use_shm", None, "verl's shared-memory model loading"),
+    Rule("critic.model.use_remove_padding", None, _KERNEL),
+    Rule("critic.model.enable_activation_offload", None, _FSDP),
+    Rule("critic.model.external_lib", None, _UNSUPPORTED, only=(None,)),
+    Rule("critic.model.lora_rank", None, "critic LoRA is " + _UNSUPPORTED, only=(0,)),
+    Rule("critic.model.lora_alpha", None, "critic LoRA is off"),
+    Rule("critic.model.target_modules", None, "critic LoRA is off"),
+    # reward model (lmrl scores with functions only)
+    Rule("reward_model.enable", None, "model-based rewards are " + _UNSUPPORTED, only=(False,)),
+    Rule("reward_model.strategy", None, "the reward model is off"),
+    Rule("reward_model.model.*", None, "the reward model is off"),
+    Rule("reward_model.micro_batch_size", None, "the reward model is off"),
+    Rule("reward_model.micro_batch_size_per_gpu", None, "the reward model is off"),
+    Rule("reward_model.max_length", None, "the reward model is off"),
+    Rule("reward_model.use_dynamic_bsz", None, _BSZ),
+    Rule("reward_model.forward_max_token_len_per_gpu", None, _BSZ),
+    Rule("reward_model.ulysses_sequence_parallel_size", None, _SP),
+    Rule("reward_model.profiler.*", None, _PROF),
+    Rule("reward_model.launch_reward_fn_async", None, "reward.num_workers sets parallelism"),
+    Rule(
+        "reward_model.sandbox_fusion.url",
+        None,
+        "sandboxed code execution is " + _UNSUPPORTED,
+        only=(None,),
+    ),
+    Rule("reward_model.sandbox_fusion.*", None, "sandboxed code execution is off"),
+    Rule("reward_model.overlong_buffer.log", None, "the overlong penalty is always logged"),
+    Rule(
+        "reward_model.reward_kwargs.overlong_buffer_cfg.log", None, "the penalty is always logged"
+    ),
+    Rule("reward_model.reward_kwargs.max_resp_len", None, _LEN),
+    # algorithm
+    Rule("algorithm.use_pf_ppo", None, "PF-PPO is " + _UNSUPPORTED, only=(False,)),
+    Rule("algorithm.pf_ppo.*", None, "PF-PPO is off"),
+    # data
+    Rule("data.tokenizer", None, "the tokenizer is the model's", only=(None,)),
+    Rule("data.use_shm", None, "verl's shared-memory data loading"),
+    Rule("data.return_raw_input_ids", None, "a verl dataloader detail"),
+    Rule("data.return_raw_chat", None, "a verl dataloader detail"),
+    Rule("data.return_full_prompt", None, "a verl dataloader detail"),
+    Rule("data.return_multi_modal_inputs", None, "a verl dataloader detail"),
+    Rule("data.dataloader_num_workers", None, "prompts are read in-process"),
+    Rule("data.filter_overlong_prompts_workers", None, "prompts are filtered in-process"),
+    Rule("data.validation_shuffle", None, "validation runs in file order"),
+    Rule("data.trust_remote_code", None, "model.trust_remote_code applies"),
+    Rule("data.image_key", None, "multimodal data is " + _UNSUPPORTED),
+    Rule("data.video_key", None, "multimodal data is " + _UNSUPPORTED),
+    Rule("data.custom_cls.*", None, "custom dataset classes are " + _UNSUPPORTED, only=(None,)),
+    Rule("data.sampler.*", None, "custom samplers are " + _UNSUPPORTED, only=(None,)),
+    Rule("data.datagen.*", None, "dataset generators are " + _UNSUPPORTED, only=(None,)),
+    # trainer and the rest
+    Rule("trainer.balance_batch", None, "verl's sequence-length balancing across GPUs"),
+    Rule("trainer.log_val_generations", None, "see trainer.log_generations_freq"),
+    Rule("trainer.esi_redundant_time", None, "verl's elastic-instance setting"),
+    Rule("trainer.default_hdfs_dir", None, "HDFS upload is " + _UNSUPPORTED, only=(None,)),
+    Rule("trainer.del_local_ckpt_after_load", None, "checkpoints are kept"),
+    Rule("trainer.ray_wait_register_center_timeout", None, "a verl Ray setting"),
+    Rule("trainer.use_legacy_worker_impl", None, "verl's worker implementation switch"),
+    Rule("trainer.rollout_data_dir", None, "see trainer.log_generations_freq", only=(None,)),
+    Rule("trainer.validation_data_dir", None, "see trainer.log_generations_freq", only=(None,)),
+    Rule("trainer.val_only", None, "use `lmrl eval` for validation alone", only=(False,)),
+    Rule("actor_rollout_ref.hybrid_engine", None, "lmrl's actor and rollout always share weights"),
+    Rule("actor_rollout_ref.nccl_timeout", None, "a verl distributed setting"),
+    Rule("global_profiler.*", None, _PROF),
+    Rule("ray_kwargs.timeline_json_file", None, "a verl Ray profiling setting"),
+    Rule("ray_init.*", None, "a verl Ray setting"),
+    Rule("ray_kwargs.*", None, "a verl Ray setting"),
+    Rule("defaults", None, "Hydra's defaults list; lmrl's defaults are its dataclasses"),
+    Rule("hydra.*", None, "Hydra's own settings"),
+    Rule("*._target_", None, "a Hydra instantiation target"),
+)
+
+
+@dataclass(frozen=True)
+class Translation:
+    """What one incoming ``key=value`` becomes.
+
+    Attributes:
+        key: the key as given.
+        path: our dotted path to set, or None when nothing is set.
+        value: the value to set there.
+        notice: a one-line notice (the key was accepted but changes nothing here).
+        error: a message when the key's value asks for something lmrl cannot do.
+    """
+
+    key: str
+    path: str | None
+    value: Any = None
+    notice: str | None = None
+    error: str | None = None
+
+
+_EXACT = {
+    r.verl: r for r in VERL_RULES if not r.verl.endswith(".*") and not r.verl.startswith("*.")
+}
+_PREFIX = sorted(
+    (r for r in VERL_RULES if r.verl.endswith(".*")), key=lambda r: len(r.verl), reverse=True
+)
+_SUFFIX = [r for r in VERL_RULES if r.verl.startswith("*.")]
+
+
+def _match(path: str) -> Rule | None:
+    if path in _EXACT:
+        return _EXACT[path]
+    for rule in _PREFIX:
+        if path.startswith(rule.verl[:-1]):
+            return rule
+    for rule in _SUFFIX:
+        if path.endswith(rule.verl[1:]):
+            return rule
+    return None
+
+
+def _rewrite(rule: Rule, path: str) -> str:
+    if rule.verl.endswith(".*"):
+        return rule.ours[:-1] + path[len(rule.verl) - 1 :]
+    return rule.ours
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values, where a bool only equals the same bool (``0 == False`` is not a match)."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return a == b
+
+
+def translate(key: str, value: Any) -> Translation:
+    """Map one incoming key (verl's layout or ours) and its value onto our schema.
+
+    Args:
+        key: dotted key as given (``actor_rollout_ref.actor.clip_ratio``).
+        value: its parsed value.
+    Returns:
+        A ``Translation``; a key no rule knows is returned unchanged (the caller checks it
+        against the schema).
+    """
+    path = key
+    for _ in range(8):  # rules compose a few times at most; the bound guards against cycles
+        rule = _match(path)
+        if rule is None:
+            break
+        if any(_same(value, s) for s in rule.skip):
+            return Translation(key, None, notice=f"{key}={value!r} changes nothing: {rule.note}")
+        if rule.ours is None:
+            return _accept(key, value, rule)
+        new = _rewrite(rule, path)
+        if new == path:
+            break
+        path = new
+    return Translation(key, path, value)
+
+
+def _accept(key: str, value: Any, rule: Rule) -> Translation:
+    if rule.when_true is not None:
+        if value is True:
+            return Translation(key, rule.when_true[0], rule.when_true[1])
+        if value is False or value is None:
+            return Translation(key, None, notice=f"{key}={value!r} changes nothing: {rule.note}")
+        return Translation(key, None, error=f"{key}: expected true or false, got {value!r}")
+    if rule.only and not any(_same(value, v) for v in rule.only):
+        allowed = " or ".join(repr(v) for v in rule.only)
+        return Translation(
+            key,
+            None,
+            error=f"{key}={value!r}: {rule.note}; remove it or set it to {allowed}",
+        )
+    return Translation(key, None, notice=f"{key}={value!r} changes nothing in lmrl: {rule.note}")
+
+
+def verl_spellings(path: str) -> list[str]:
+    """The verl spellings of one of our paths (for did-you-mean suggestions)."""
+    out = []
+    for rule in _PREFIX:
+        if rule.ours is not None and path.startswith(rule.ours[:-1]):
+            out.append(rule.verl[:-1] + path[len(rule.ours) - 1 :])
+    for rule in _EXACT.values():
+        if rule.ours == path and rule.verl != path:
+            out.append(rule.verl)
+    return out
+
+
+def section_prefixes() -> list[tuple[str, str]]:
+    """The ``(verl prefix, our prefix)`` pairs of the table, for the help text."""
+    return [(r.verl, r.ours) for r in VERL_RULES if r.verl.endswith(".*") and r.ours is not None]

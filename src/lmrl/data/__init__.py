@@ -1,0 +1,39 @@
+"""Data: prompt datasets in verl's layout, the prompt sampler, the built-in tasks.
+
+- ``lmrl.data.dataset``: ``RLDataset`` (parquet / JSONL / JSON / saved ``datasets``; chat
+  template; overlong filtering or truncation; ``collate`` into a left-padded ``Batch``),
+  ``read_records``, ``check_row``;
+- ``lmrl.data.sampler``: ``PromptSampler`` (seeded per-epoch shuffles, exact resume);
+- ``lmrl.data.tasks``: ``TASKS``, ``write_task`` (``digits``, ``arithmetic``, ``countdown``,
+  ``knights_knaves``).
+
+The names below are imported lazily (PEP 562), so ``lmrl tasks`` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "RLDataset": "lmrl.data.dataset",
+    "read_records": "lmrl.data.dataset",
+    "check_row": "lmrl.data.dataset",
+    "PromptSampler": "lmrl.data.sampler",
+    "TASKS": "lmrl.data.tasks",
+    "TaskSpec": "lmrl.data.tasks",
+    "generate_rows": "lmrl.data.tasks",
+    "write_task": "lmrl.data.tasks",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'lmrl.data' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

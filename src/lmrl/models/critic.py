@@ -1,0 +1,123 @@
+"""The critic: a scalar value per token, for PPO with GAE.
+
+Choice: the critic is ``AutoModelForTokenClassification`` with one label, the backbone of a
+causal LM topped by a linear ``score`` head (``hidden -> 1``), as verl does. Loaded from a
+causal-LM checkpoint (the actor's ``model.path``, the default), the backbone takes the actor's
+weights, its output head is dropped, and the new ``score`` head is initialized to zero, so every
+initial value is 0 (the scale of a reward baseline of nothing) instead of noise of arbitrary
+scale. A critic saved with ``save_pretrained`` is a standard token-classification checkpoint and
+loads back from its own path with its trained head. Dropout before the head is off.
+
+The value of response token ``t`` is the head's output at position ``P - 1 + t``, the state
+from which token ``t`` is generated (the same alignment as the log-probs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from lmrl.models.forward import REQUIRED_KEYS, check_keys, eval_mode, micro_batches, trim_batch
+from lmrl.models.loading import (
+    ModelPathError,
+    check_model_path,
+    enable_gradient_checkpointing,
+    load_config,
+    resolve_dtype,
+)
+
+
+def load_critic(
+    path: str | Path,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+) -> nn.Module:
+    """Load a critic from a causal-LM checkpoint (new zero head) or a saved critic.
+
+    Args:
+        path: the actor's model directory, or a directory a critic was saved to.
+        dtype: ``"float32"``/``"bfloat16"``/``"float16"``; None = float32 on CPU, bf16 on GPU.
+        device: where to put it.
+        trust_remote_code: allow the repository's own Python code to run.
+        gradient_checkpointing: recompute activations in backward.
+
+    Returns:
+        A ``*ForTokenClassification`` model with ``num_labels == 1``.
+    """
+    from transformers import MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING, AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
+
+    path = check_model_path(path)
+    config = load_config(path, trust_remote_code)
+    auto_map = getattr(config, "auto_map", None) or {}
+    if (
+        type(config) not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
+        and "AutoModelForTokenClassification" not in auto_map
+    ):
+        raise ValueError(
+            f"model at {path!r} (model_type {config.model_type!r}) has no token-classification "
+            "head class in transformers, so no critic can be built from it"
+        )
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # no dropout between the backbone and the value head
+    quiet = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the new head's "MISSING" load report is expected
+    try:
+        critic, info = AutoModelForTokenClassification.from_pretrained(
+            path,
+            config=config,
+            dtype=resolve_dtype(dtype, device),
+            trust_remote_code=trust_remote_code,
+            output_loading_info=True,
+        )
+    except OSError as err:
+        raise ModelPathError(f"cannot load critic weights from {path!r}: {err}") from err
+    finally:
+        hf_logging.set_verbosity(quiet)
+    # Parameters outside the backbone that the checkpoint lacks: the new value head.
+    params = dict(critic.named_parameters())
+    fresh = [k for k in info["missing_keys"] if k.split(".")[0] != critic.base_model_prefix]
+    with torch.no_grad():
+        for key in fresh:
+            if key in params:
+                params[key].zero_()
+    critic.to(device)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(critic)
+    return critic
+
+
+def forward_values(critic: nn.Module, batch) -> torch.Tensor:
+    """Values of the response positions, differentiable (the critic update calls this).
+
+    Args:
+        critic: a model from :func:`load_critic`.
+        batch: ``input_ids`` (B, P+T), ``attention_mask`` (B, P+T), ``responses`` (B, T),
+            optionally ``position_ids``.
+
+    Returns:
+        (B, T) fp32 on the critic's device, 0 at padded response positions.
+    """
+    trimmed = trim_batch(batch, next(critic.parameters()).device)
+    scores = critic(**trimmed.model_inputs()).logits  # (B, L', 1)
+    values = scores[:, trimmed.start : trimmed.start + trimmed.kept, 0].float()
+    return trimmed.to_full(values)
+
+
+def compute_values(critic: nn.Module, batch, micro_batch_size: int) -> torch.Tensor:
+    """Values of the response positions, without grad, in eval mode, micro-batched.
+
+    Returns:
+        (B, T) fp32 on the batch's device, 0 at padded response positions.
+    """
+    check_keys(batch)
+    out_device = batch["responses"].device
+    values = []
+    with torch.no_grad(), eval_mode(critic):
+        for piece in micro_batches(batch, micro_batch_size, (*REQUIRED_KEYS, "position_ids")):
+            values.append(forward_values(critic, piece).to(out_device))
+    return torch.cat(values)

@@ -1,0 +1,271 @@
+"""Log-probs and entropy of the response tokens under a causal LM, memory-lean.
+
+A batch holds ``input_ids = cat(prompts, responses)`` (B, P+T), left-padded prompts and
+right-padded responses. The log-prob of response token ``t`` comes from the model's output at
+position ``P - 1 + t``. Two choices keep this cheap:
+
+- trimming: each micro-batch is cut to the columns where any row has a real token (the
+  longest prompt's start to the longest response's end), so short micro-batches do not pay for
+  the padding of the longest sequence in the whole batch;
+- no logits: when the model ends in a plain ``nn.Linear`` output head (every Llama/Qwen/Mistral
+  style model, LoRA or not), the backbone's hidden states go straight into
+  :func:`lmrl.algos.logprob.log_probs_from_hidden`, so the (B, T, V) logits exist only one
+  chunk of rows at a time, in forward and backward. Otherwise (a head with hooks or LoRA on it,
+  logit scaling or soft-capping in the config) the model's own logits are used, only at the
+  response positions, through the chunked :func:`~lmrl.algos.logprob.log_probs_from_logits`.
+
+Log-probs and entropy at padded response positions are 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from peft import PeftModel
+from torch import nn
+
+from lmrl.algos.logprob import log_probs_from_hidden, log_probs_from_logits
+
+REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
+# Config fields of models whose logits are not just ``lm_head(hidden)``.
+LOGIT_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logit_scale",
+    "logits_scaling",
+    "lm_head_multiplier",
+)
+
+
+@dataclass
+class Trimmed:
+    """One micro-batch cut to its used columns.
+
+    ``input_ids``, ``attention_mask``, ``position_ids``: (B, L') on the model's device.
+    ``start``: column of the output that predicts response token 0. ``kept``: response columns
+    kept (``T`` minus the all-padding tail). ``response_length``: ``T``. ``response_valid``:
+    (B, T) bool, True at real response tokens. ``labels``: (B, kept) response tokens.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    labels: torch.Tensor
+    response_valid: torch.Tensor
+    start: int
+    kept: int
+    response_length: int
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        return {
+            "input_ids": self.input_ids,
+            "attention_mask": self.attention_mask.long(),
+            "position_ids": self.position_ids,
+            "use_cache": False,
+        }
+
+    def to_full(self, values: torch.Tensor) -> torch.Tensor:
+        """(B, kept) -> (B, T): pad the trimmed tail and zero padded response positions."""
+        values = F.pad(values, (0, self.response_length - self.kept))
+        return torch.where(
+            self.response_valid, values, torch.zeros((), dtype=values.dtype, device=values.device)
+        )
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def check_keys(batch) -> None:
+    """Raise a ValueError naming the first of ``REQUIRED_KEYS`` that ``batch`` lacks."""
+    for key in REQUIRED_KEYS:
+        if key not in batch:
+            raise ValueError(f"batch has no {key!r} (needs {list(REQUIRED_KEYS)})")
+
+
+def trim_batch(batch, device: torch.device | str | None = None) -> Trimmed:
+    """Cut a (micro-)batch to the columns any row uses, keeping at least one response column.
+
+    Args:
+        batch: a ``Batch`` (or any mapping) with ``input_ids`` (B, P+T), ``attention_mask``
+            (B, P+T), ``responses`` (B, T) and optionally ``position_ids`` (B, P+T) (derived
+            from the mask when absent).
+        device: move the trimmed tensors there.
+    """
+    check_keys(batch)
+    input_ids, mask, responses = (
+        batch["input_ids"],
+        batch["attention_mask"].bool(),
+        batch["responses"],
+    )
+    if input_ids.dim() != 2 or mask.shape != input_ids.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(mask.shape)} must be "
+            "the same (B, P+T) shape"
+        )
+    length, resp_len = input_ids.shape[1], responses.shape[1]
+    if responses.dim() != 2 or responses.shape[0] != input_ids.shape[0] or resp_len >= length:
+        raise ValueError(
+            f"responses {tuple(responses.shape)} must be (B, T) with T < the input_ids length "
+            f"{length}"
+        )
+    if "position_ids" in batch:
+        position_ids = batch["position_ids"]
+    else:
+        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    prompt_len = length - resp_len
+    used = mask.any(0).nonzero().flatten().tolist()
+    first = min(used[0] if used else 0, prompt_len - 1)
+    last = max(used[-1] if used else 0, prompt_len)  # at least one response column
+    cols = slice(first, last + 1)
+    kept = last + 1 - prompt_len
+    device = device if device is not None else input_ids.device
+    return Trimmed(
+        input_ids=input_ids[:, cols].to(device),
+        attention_mask=mask[:, cols].to(device),
+        position_ids=position_ids[:, cols].to(device),
+        labels=responses[:, :kept].to(device),
+        response_valid=mask[:, prompt_len:].to(device),
+        start=prompt_len - 1 - first,
+        kept=kept,
+        response_length=resp_len,
+    )
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside a PEFT wrapper (LoRA layers stay injected), else ``model``."""
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def fused_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
+    """``(backbone, lm_head)`` when the model's logits are exactly ``lm_head(backbone(x))``
+    with a plain, hook-free ``nn.Linear`` head; None when the logits path must be used."""
+    inner = unwrap(model)
+    head = inner.get_output_embeddings()
+    backbone = getattr(inner, "base_model", None)
+    if type(head) is not nn.Linear or backbone is None or backbone is inner:
+        return None
+    if head._forward_hooks or head._forward_pre_hooks:
+        return None
+    config = getattr(inner, "config", None)
+    for name in LOGIT_TRANSFORMS:
+        if getattr(config, name, None) not in (None, 1, 1.0):
+            return None
+    return backbone, head
+
+
+def forward_log_probs(
+    model: nn.Module,
+    batch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of ``batch["responses"]`` under ``model``, differentiable.
+
+    The actor's update calls this per micro-batch with grad enabled; the model's train/eval mode
+    is the caller's.
+
+    Args:
+        model: a causal LM (Hugging Face, or PEFT-wrapped).
+        batch: ``input_ids`` (B, P+T), ``attention_mask`` (B, P+T), ``responses`` (B, T),
+            optionally ``position_ids`` (B, P+T).
+        temperature: the sampling temperature the logits are divided by.
+        with_entropy: also return the per-token entropy of ``softmax(logits / temperature)``.
+        chunk_size: rows per chunk in :mod:`lmrl.algos.logprob` (default ~32 MB of fp32).
+
+    Returns:
+        ``(log_probs, entropy)``: (B, T) fp32 on the model's device, 0 at padded response
+        positions; ``entropy`` is None unless ``with_entropy``.
+    """
+    trimmed = trim_batch(batch, _model_device(model))
+    head = fused_head(model)
+    if head is not None:
+        backbone, lm_head = head
+        hidden = backbone(**trimmed.model_inputs()).last_hidden_state
+        hidden = hidden[:, trimmed.start : trimmed.start + trimmed.kept]
+        log_probs, entropy = log_probs_from_hidden(
+            hidden, lm_head.weight, lm_head.bias, trimmed.labels, temperature, with_entropy,
+            chunk_size,
+        )  # fmt: skip
+    else:
+        inner = unwrap(model)
+        inputs = trimmed.model_inputs()
+        keep = trimmed.input_ids.shape[1] - trimmed.start  # outputs from ``start`` to the end
+        if "logits_to_keep" in inspect.signature(inner.forward).parameters:
+            inputs["logits_to_keep"] = keep
+        logits = inner(**inputs).logits[:, -keep:]
+        # The last kept output predicts nothing we score: give it a dummy label and drop it.
+        labels = F.pad(trimmed.labels, (0, keep - trimmed.kept))
+        log_probs, entropy = log_probs_from_logits(
+            logits, labels, temperature, with_entropy, chunk_size
+        )
+        log_probs = log_probs[:, : trimmed.kept]
+        entropy = entropy[:, : trimmed.kept] if entropy is not None else None
+    log_probs = trimmed.to_full(log_probs)
+    return log_probs, (trimmed.to_full(entropy) if entropy is not None else None)
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Run in eval mode (no dropout) and restore every module's own train/eval flag after."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, training in flags:
+            module.training = training
+
+
+def micro_batches(batch, micro_batch_size: int, keys: tuple[str, ...]) -> Iterator[dict]:
+    """Consecutive row slices of the given ``keys`` of ``batch``, ``micro_batch_size`` rows each."""
+    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be a positive int, got {micro_batch_size!r}")
+    n = batch["input_ids"].shape[0]
+    present = [k for k in keys if k in batch]
+    for i in range(0, n, micro_batch_size):
+        yield {k: batch[k][i : i + micro_batch_size] for k in present}
+
+
+def compute_log_probs(
+    model: nn.Module,
+    batch,
+    micro_batch_size: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of the responses, without grad, in eval mode, micro-batched.
+
+    Used for ``old_log_probs`` and ``ref_log_prob``. The result does not depend on
+    ``micro_batch_size`` beyond floating-point rounding.
+
+    Args:
+        model: a causal LM (Hugging Face, or PEFT-wrapped).
+        batch: a ``Batch`` with ``input_ids``, ``attention_mask``, ``responses`` and
+            optionally ``position_ids``.
+        micro_batch_size: rows per forward pass.
+        temperature: the sampling temperature the logits are divided by.
+        with_entropy: also return the per-token entropy.
+        chunk_size: rows per chunk in :mod:`lmrl.algos.logprob`.
+
+    Returns:
+        ``(log_probs, entropy)``: (B, T) fp32 on the batch's device, 0 at padded response
+        positions; ``entropy`` is None unless ``with_entropy``.
+    """
+    check_keys(batch)
+    keys = (*REQUIRED_KEYS, "position_ids")
+    out_device = batch["responses"].device
+    log_probs, entropies = [], []
+    with torch.no_grad(), eval_mode(model):
+        for piece in micro_batches(batch, micro_batch_size, keys):
+            lp, ent = forward_log_probs(model, piece, temperature, with_entropy, chunk_size)
+            log_probs.append(lp.to(out_device))
+            if ent is not None:
+                entropies.append(ent.to(out_device))
+    return torch.cat(log_probs), (torch.cat(entropies) if with_entropy else None)

@@ -1,0 +1,207 @@
+"""Loading tokenizers and causal language models from ``model.path``.
+
+One code path for every model: a local directory in Hugging Face format (a user's
+``/path/to/Qwen2.5-0.5B-Instruct`` or a tiny model from :mod:`lmrl.models.tiny`) or a hub id
+where a hub is reachable, through ``AutoTokenizer`` and ``AutoModelForCausalLM``. Remote code is
+never run unless ``trust_remote_code=True`` is passed explicitly.
+
+Choices:
+
+- dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (``fp32``/``bf16``/``fp16`` accepted);
+  ``None`` means float32 on CPU, where half precision is slow and inexact, and bfloat16 on a GPU.
+- pad token: the tokenizer's own pad token if it has one, else its EOS token (as verl and TRL
+  do). Not ``unk``: an unknown-token id is a real input the model may see, and sentencepiece
+  tokenizers that have one usually also have an EOS. Padded positions are always masked out by
+  ``attention_mask``/``response_mask``, so sharing the EOS id is harmless, provided masks are
+  computed from positions and lengths, never by comparing ids with ``pad_token_id``. A tokenizer
+  with neither pad nor EOS is an error (adding a token would change the vocabulary size).
+- chat templates are left exactly as the tokenizer ships them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+class ModelPathError(FileNotFoundError, ValueError):
+    """A model or tokenizer path that does not exist or cannot be loaded (both a
+    ``FileNotFoundError`` and a ``ValueError``, so either kind of handler catches it)."""
+
+
+def resolve_dtype(
+    dtype: str | torch.dtype | None, device: str | torch.device = "cpu"
+) -> torch.dtype:
+    """The torch dtype for a config value; ``None`` -> float32 on CPU, bfloat16 on CUDA."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype}")
+        return dtype
+    if dtype is None:
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def _looks_local(path: str) -> bool:
+    """A path rather than a hub id ``org/name``: absolute, ``./``, ``~`` or more than one ``/``."""
+    return (
+        os.path.isabs(path)
+        or path.startswith((".", "~"))
+        or path.count("/") > 1
+        or os.environ.get("HF_HUB_OFFLINE") == "1"
+    )
+
+
+def check_model_path(path: str | Path) -> str:
+    """Return ``path`` as a string after checking that it can name a model.
+
+    A local directory must exist and hold a ``config.json``; a hub id (``org/name``) is passed
+    through when no offline mode is set. Raises :class:`ModelPathError` naming the path.
+    """
+    path = os.path.expanduser(str(path))
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ModelPathError(
+                f"model path {path!r} is a directory without a config.json: not a Hugging Face "
+                "model directory (save one with save_pretrained, or build one with "
+                "`lmrl tiny-model`)"
+            )
+        return path
+    if os.path.exists(path):
+        raise ModelPathError(f"model path {path!r} is a file; expected a model directory")
+    if _looks_local(path):
+        raise ModelPathError(
+            f"model path {path!r} does not exist (and no model hub is reachable offline)"
+        )
+    return path
+
+
+def set_pad_token(tokenizer):
+    """Give ``tokenizer`` a pad token if it has none: its EOS token (see the module docstring)."""
+    if tokenizer.pad_token is not None:
+        return tokenizer
+    if tokenizer.eos_token is None:
+        raise ValueError(
+            f"tokenizer of {tokenizer.name_or_path!r} has neither a pad nor an eos token; "
+            "add a pad token to it (and resize the model's embeddings) before training"
+        )
+    tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
+    """Load the tokenizer at ``path`` with ``AutoTokenizer``, with a pad token (see above).
+
+    Args:
+        path: local model directory or hub id.
+        trust_remote_code: allow the repository's own Python code to run.
+
+    Returns:
+        The tokenizer, its chat template and padding side untouched.
+    """
+    from transformers import AutoTokenizer
+
+    path = check_model_path(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ModelPathError(f"cannot load a tokenizer from {path!r}: {err}") from err
+    return set_pad_token(tokenizer)
+
+
+def load_config(path: str | Path, trust_remote_code: bool = False):
+    """``AutoConfig`` of ``path``, with errors that name the path."""
+    from transformers import AutoConfig
+
+    path = check_model_path(path)
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ModelPathError(f"cannot read a model config from {path!r}: {err}") from err
+
+
+def _check_causal(path: str, config) -> None:
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in auto_map:
+        return
+    raise ValueError(
+        f"model at {path!r} (model_type {config.model_type!r}, architectures "
+        f"{getattr(config, 'architectures', None)}) is not a causal language model: "
+        "AutoModelForCausalLM cannot load it"
+    )
+
+
+def load_causal_lm(
+    path: str | Path,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+    attn_implementation: str | None = None,
+) -> nn.Module:
+    """Load the causal LM at ``path`` (policy or reference) with ``AutoModelForCausalLM``.
+
+    Args:
+        path: local model directory or hub id.
+        dtype: ``"float32"``/``"bfloat16"``/``"float16"``; None = float32 on CPU, bf16 on GPU.
+        device: where to put it.
+        trust_remote_code: allow the repository's own Python code to run.
+        gradient_checkpointing: recompute activations in backward (non-reentrant).
+        attn_implementation: e.g. ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``; None = default.
+
+    Returns:
+        The model on ``device``, in eval mode as ``from_pretrained`` leaves it (the actor's
+        update switches to train mode itself), with ``config.use_cache`` off when checkpointing.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = check_model_path(path)
+    config = load_config(path, trust_remote_code)
+    _check_causal(path, config)
+    kwargs = {"dtype": resolve_dtype(dtype, device), "trust_remote_code": trust_remote_code}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except OSError as err:
+        raise ModelPathError(f"cannot load model weights from {path!r}: {err}") from err
+    model.to(device)
+    if gradient_checkpointing:
+        enable_gradient_checkpointing(model)
+    return model
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Turn on (non-reentrant) activation checkpointing and turn off the KV cache in training.
+
+    ``transformers`` 5 renamed ``gradient_checkpointing_enable`` to
+    ``activation_checkpointing_enable``; both are supported.
+    """
+    kwargs = {"use_reentrant": False}
+    if callable(getattr(model, "activation_checkpointing_enable", None)):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """Put ``model`` in eval mode with every parameter's ``requires_grad`` off; returns it."""
+    model.requires_grad_(False)
+    return model.eval()

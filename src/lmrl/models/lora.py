@@ -1,0 +1,107 @@
+"""LoRA adapters through PEFT: wrap, save, load, merge for export.
+
+With LoRA on, only the adapter trains and the reference policy is the actor itself with the
+adapter disabled (see :mod:`lmrl.models.reference`), so no second copy of the weights is held.
+Defaults follow verl: ``lora_rank = 0`` means no LoRA (the caller simply does not call
+:func:`apply_lora`), ``lora_alpha = 16``, and ``target_modules = "all-linear"`` (PEFT's
+shorthand for every linear layer except the output head). PEFT initializes the ``B`` matrices
+to zero, so a fresh adapter leaves the model's outputs unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from pathlib import Path
+
+from peft import LoraConfig, PeftModel, get_peft_model
+from torch import nn
+
+
+def is_lora(model: nn.Module) -> bool:
+    """True when ``model`` is PEFT-wrapped (its adapter can be disabled to get the base model)."""
+    return isinstance(model, PeftModel)
+
+
+def apply_lora(
+    model: nn.Module,
+    lora_rank: int,
+    lora_alpha: float = 16,
+    target_modules: str | Sequence[str] = "all-linear",
+    lora_dropout: float = 0.0,
+) -> PeftModel:
+    """Wrap a causal LM with a fresh, trainable LoRA adapter (base weights frozen).
+
+    Args:
+        model: a Hugging Face causal LM.
+        lora_rank: adapter rank ``r`` (> 0).
+        lora_alpha: scaling numerator; the update is ``(lora_alpha / r) * B @ A``.
+        target_modules: ``"all-linear"`` or module names (``["q_proj", "v_proj"]``).
+        lora_dropout: dropout on the adapter's input.
+
+    Returns:
+        The ``PeftModel``; ``print_trainable_parameters()`` shows what trains.
+    """
+    if is_lora(model):
+        raise ValueError("model already has a LoRA adapter")
+    if not isinstance(lora_rank, int) or lora_rank < 1:
+        raise ValueError(f"lora_rank must be a positive int, got {lora_rank!r}")
+    if lora_alpha <= 0:
+        raise ValueError(f"lora_alpha must be > 0, got {lora_alpha}")
+    if isinstance(target_modules, str) and target_modules != "all-linear":
+        target_modules = [target_modules]
+    config = LoraConfig(
+        task_type="CAUSAL_LM",
+        r=lora_rank,
+        lora_alpha=lora_alpha,
+        target_modules=target_modules if isinstance(target_modules, str) else list(target_modules),
+        lora_dropout=lora_dropout,
+        bias="none",
+    )
+    return get_peft_model(model, config)
+
+
+def save_lora(model: PeftModel, out_dir: str | Path) -> Path:
+    """Save only the adapter (``adapter_config.json`` + ``adapter_model.safetensors``)."""
+    if not is_lora(model):
+        raise ValueError("save_lora needs a PEFT model; use save_pretrained for a full model")
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    return out
+
+
+def load_lora(model: nn.Module, adapter_path: str | Path, is_trainable: bool = True) -> PeftModel:
+    """Attach the adapter saved at ``adapter_path`` to the base model ``model``.
+
+    Args:
+        model: the base causal LM the adapter was trained on.
+        adapter_path: a directory written by :func:`save_lora`.
+        is_trainable: keep the adapter trainable (resume) rather than inference-only.
+    """
+    path = Path(adapter_path)
+    if not (path / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"no LoRA adapter at {str(path)!r} (adapter_config.json missing)")
+    return PeftModel.from_pretrained(model, str(path), is_trainable=is_trainable)
+
+
+def merge_lora(model: PeftModel, inplace: bool = False) -> nn.Module:
+    """The base model with the adapter merged into its weights (a plain Hugging Face model).
+
+    Args:
+        model: a PEFT model.
+        inplace: merge into ``model``'s own base weights (it cannot be trained further as a
+            LoRA model); by default a copy is merged and ``model`` is left as it was.
+    """
+    if not is_lora(model):
+        raise ValueError("merge_lora needs a PEFT model")
+    target = model if inplace else copy.deepcopy(model)
+    return target.merge_and_unload()
+
+
+def export_merged(model: PeftModel, out_dir: str | Path, tokenizer=None) -> Path:
+    """Write a merged, standalone model (and tokenizer) that ``load_causal_lm`` can load."""
+    out = Path(out_dir)
+    merge_lora(model).save_pretrained(out)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,229 @@
+"""The generation-engine interface: `SamplingParams`, `RolloutEngine`, and the output layout.
+
+Every engine takes a `Batch` of left-padded prompts and returns a `Batch` of ``B * n`` rows,
+the ``n`` samples of a prompt contiguous (rows ``i*n .. i*n+n-1`` come from prompt ``i`` and
+share its ``uid``), with the standard keys:
+
+- ``prompts`` (B*n, P) left-padded; ``responses`` (B*n, T) right-padded with the pad id;
+- ``input_ids`` = cat(prompts, responses) (B*n, P+T);
+- ``attention_mask`` bool (B*n, P+T) = cat(prompt mask, response mask);
+- ``position_ids`` (B*n, P+T) = cumsum(attention_mask) - 1, clipped at 0;
+- ``response_mask`` bool (B*n, T): True up to and including the first EOS token (or the token
+  that completes a stop string), False after;
+- ``rollout_log_probs`` (B*n, T): log-prob of each sampled token under the distribution the
+  engine sampled from *before* top-p/top-k truncation, i.e. ``log_softmax(logits / temperature)``
+  at the token; 0 outside ``response_mask``. It is what ``compute_log_probs`` returns for the
+  same tokens at the same temperature, so bypass mode and rollout correction are exact.
+
+``T`` is the longest response of the batch (at most ``max_new_tokens``). Non-tensor columns
+of the prompts (``uid``, ``data_source``, ``ground_truth``, ``extra_info``, ``raw_prompt``...)
+are repeated per sample; a ``uid`` (uuid4 string) is made per prompt when the prompts have
+none. ``meta["temperature"]`` records the temperature of ``rollout_log_probs``.
+
+The choice made here: engines only sample. They never compute rewards, never decode text for
+the batch (the reward manager does), and hold no training state.
+"""
+
+from __future__ import annotations
+
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from lmrl.batch import Batch
+
+__all__ = ["RolloutEngine", "SamplingParams", "check_prompts", "finish_rollout"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample continuations; validated on creation.
+
+    Attributes:
+        temperature: divides the logits before sampling; also the temperature of
+            ``rollout_log_probs``. Must be > 0 when sampling. In greedy mode it only sets the
+            temperature of the recorded log-probs (0 is accepted there and means 1).
+        top_p: nucleus sampling, keep the smallest set of tokens whose probability reaches
+            ``top_p``; 1.0 = off. In (0, 1].
+        top_k: keep the ``top_k`` most likely tokens; -1 or 0 = off.
+        max_new_tokens: most tokens generated per sample (``data.max_response_length``), >= 1.
+        do_sample: True samples; False is greedy decoding (validation).
+        stop: strings that end a sample once generated (the completing token is kept).
+        seed: seeds this call's sampling (``torch.Generator``, never the global RNG); None
+            uses the engine's own generator, which moves on from call to call.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_new_tokens: int = 512
+    do_sample: bool = True
+    stop: list[str] | tuple[str, ...] = field(default_factory=list)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):
+            raise ValueError(f"temperature must be a number, got {self.temperature!r}")
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0 when sampling, got {self.temperature}; "
+                "use do_sample=False for greedy decoding"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ValueError(f"top_k must be an int >= -1 (-1 or 0 = off), got {self.top_k!r}")
+        if (
+            isinstance(self.max_new_tokens, bool)
+            or not isinstance(self.max_new_tokens, int)
+            or self.max_new_tokens < 1
+        ):
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        object.__setattr__(self, "stop", list(self.stop))
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int)
+        ):
+            raise ValueError(f"seed must be an int or None, got {self.seed!r}")
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of ``rollout_log_probs`` (``temperature``, or 1 when it is 0)."""
+        return float(self.temperature) if self.temperature > 0 else 1.0
+
+
+class RolloutEngine(ABC):
+    """A generation engine: left-padded prompts in, ``n`` samples per prompt out.
+
+    Implementations: ``hf`` (`lmrl.rollout.hf.HFEngine`, CPU and GPU); ``vllm`` (GPU extra).
+    """
+
+    @abstractmethod
+    def generate(self, prompts: Batch, n: int = 1, sampling: SamplingParams | None = None) -> Batch:
+        """Sample ``n`` continuations of every prompt.
+
+        Args:
+            prompts: ``input_ids`` (B, P) left-padded, ``attention_mask`` (B, P) bool,
+                optional ``position_ids`` (B, P), optional ``uid`` and any other columns.
+            n: samples per prompt (``G``), >= 1.
+            sampling: how to sample; default `SamplingParams()`.
+        Returns:
+            A `Batch` of B*n rows in the layout of this module's docstring.
+        """
+
+    @abstractmethod
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Load the actor's current weights into the engine's copy of the model.
+
+        Engines that generate with the actor's own module (``hf`` in-process) see every
+        update without it; calling it copies the values in place.
+        """
+
+
+def check_prompts(prompts: Batch, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate a prompts batch; return its ``input_ids`` and bool ``attention_mask``.
+
+    Args:
+        prompts: must hold ``input_ids`` (B, P) integer and ``attention_mask`` (B, P),
+            left-padded (in each row, no valid token before a padding one), every row with at
+            least one token.
+        n: samples per prompt.
+    Returns:
+        ``input_ids`` (B, P) long, ``attention_mask`` (B, P) bool.
+
+    Raises:
+        ValueError: a missing key, a wrong shape or dtype, right padding, an empty prompt, or
+            ``n`` < 1 (the message names the key or argument).
+    """
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n (samples per prompt) must be an int >= 1, got {n!r}")
+    for key in ("input_ids", "attention_mask"):
+        if key not in prompts:
+            raise ValueError(f"prompts batch has no {key!r}; keys: {prompts.keys()}")
+    input_ids, mask = prompts["input_ids"], prompts["attention_mask"]
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError("prompts 'input_ids' must be a (B, P) tensor")
+    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+        raise ValueError(f"prompts 'input_ids' must hold integer ids, got {input_ids.dtype}")
+    if not isinstance(mask, torch.Tensor) or mask.shape != input_ids.shape:
+        raise ValueError(
+            f"prompts 'attention_mask' must have the shape of 'input_ids' {tuple(input_ids.shape)}"
+        )
+    if input_ids.shape[0] == 0:
+        raise ValueError("prompts batch is empty (B = 0)")
+    if input_ids.shape[1] == 0:
+        raise ValueError("prompts 'input_ids' has no columns (P = 0)")
+    mask = mask.bool()
+    if "position_ids" in prompts and prompts["position_ids"].shape != input_ids.shape:
+        raise ValueError(
+            f"prompts 'position_ids' must have the shape of 'input_ids' {tuple(input_ids.shape)}"
+        )
+    empty = (~mask.any(dim=1)).nonzero().flatten()
+    if empty.numel():
+        raise ValueError(f"prompts rows {empty.tolist()} have no token (attention_mask all False)")
+    # left padding: once a row's mask is True it stays True
+    not_left = (mask[:, :-1] & ~mask[:, 1:]).any(dim=1).nonzero().flatten()
+    if not_left.numel():
+        raise ValueError(
+            f"prompts must be left-padded; rows {not_left.tolist()} of 'attention_mask' have "
+            "padding after a token"
+        )
+    return input_ids.long(), mask
+
+
+def finish_rollout(
+    prompts: Batch,
+    n: int,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_log_probs: torch.Tensor,
+    temperature: float,
+) -> Batch:
+    """Assemble an engine's output `Batch` from its sampled tokens.
+
+    Args:
+        prompts: the prompts batch given to ``generate`` (B rows).
+        n: samples per prompt.
+        responses: (B*n, T) sampled tokens, right-padded with the pad id.
+        response_mask: bool (B*n, T), True up to and including the stopping token.
+        rollout_log_probs: (B*n, T) float, 0 outside ``response_mask``.
+        temperature: the temperature of ``rollout_log_probs``, stored in ``meta``.
+    Returns:
+        The B*n-row batch described in this module's docstring: every prompt column
+        repeated ``n`` times (tensors other than the prompt's own keys too), ``uid`` added
+        when absent.
+    """
+    source = prompts
+    if "uid" not in source:
+        source = source.select(*source.keys())
+        source["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
+    rows = source.repeat_interleave(n)
+    prompt_ids = rows.pop("input_ids").long()
+    prompt_mask = rows.pop("attention_mask").bool()
+    prompt_pos = rows.pop("position_ids", None)
+    device = prompt_ids.device
+    responses = responses.to(device)
+    response_mask = response_mask.to(device)
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    if prompt_pos is None:
+        position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+    else:
+        prompt_pos = prompt_pos.to(device).long()
+        response_pos = prompt_pos[:, -1:] + response_mask.long().cumsum(dim=1)
+        position_ids = torch.cat([prompt_pos, response_pos], dim=1)
+    rows["prompts"] = prompt_ids
+    rows["responses"] = responses
+    rows["input_ids"] = torch.cat([prompt_ids, responses], dim=1)
+    rows["attention_mask"] = attention_mask
+    rows["position_ids"] = position_ids
+    rows["response_mask"] = response_mask
+    rows["rollout_log_probs"] = rollout_log_probs.to(device)
+    rows.meta["temperature"] = float(temperature)
+    return rows

@@ -1,0 +1,311 @@
+"""The ``hf`` engine: batched sampling with the KV cache on any Hugging Face causal LM.
+
+A sampling loop written here rather than ``model.generate``, for three reasons: the
+log-prob of every sampled token under the untruncated, temperature-scaled distribution comes
+out of the same step that samples it (``rollout_log_probs``); the randomness comes only from
+a ``torch.Generator`` owned by the engine (never the global RNG), so a seed reproduces a
+rollout exactly; and the loop is small enough to read.
+
+One step for a (B*n, ·) batch of left-padded rows: a forward of the last tokens with the
+cache, ``logits / temperature`` in float32, ``log_softmax`` (recorded at the sampled token),
+top-k then top-p truncation, one multinomial draw (or argmax when greedy), then rows that
+produced an EOS id or completed a stop string are marked finished and fed the pad id from
+then on. The loop ends when every row has finished or after ``max_new_tokens`` steps. Row
+positions continue each prompt's own (``position_ids`` of the last prompt token + 1, ...),
+so a left-padded prompt gets the same continuation as alone.
+
+The engine generates with the module it was given: in-process it is the actor's own, so
+every optimizer step is seen by the next rollout without copying weights.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from lmrl.batch import Batch
+from lmrl.rollout.base import RolloutEngine, SamplingParams, check_prompts, finish_rollout
+
+__all__ = ["HFEngine", "default_eos_ids"]
+
+
+def default_eos_ids(model: nn.Module, tokenizer=None) -> list[int]:
+    """Every id that ends a sample: the tokenizer's ``eos_token_id`` and the model's
+    ``generation_config.eos_token_id`` (an int or a list), de-duplicated.
+
+    Raises:
+        ValueError: neither defines an EOS id.
+    """
+    ids: list[int] = []
+    candidates = [getattr(tokenizer, "eos_token_id", None)]
+    generation_config = getattr(model, "generation_config", None)
+    candidates.append(getattr(generation_config, "eos_token_id", None))
+    for c in candidates:
+        for i in [c] if isinstance(c, int) else (c or []):
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError(
+            "no EOS token id: neither the tokenizer nor model.generation_config defines "
+            "eos_token_id; pass eos_token_ids to the engine"
+        )
+    return ids
+
+
+def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Set logits outside the top-k and outside the top-p nucleus to -inf.
+
+    Args:
+        scaled: (B, V) temperature-scaled logits.
+        top_k: keep this many largest (off when <= 0).
+        top_p: keep the smallest prefix of the sorted distribution whose mass reaches it
+            (off at 1.0); the most likely token is always kept.
+    Returns:
+        (B, V) logits with the removed tokens at -inf.
+    """
+    if 0 < top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
+        remove_sorted = mass_before > top_p
+        remove = torch.zeros_like(remove_sorted).scatter(-1, order, remove_sorted)
+        scaled = scaled.masked_fill(remove, float("-inf"))
+    return scaled
+
+
+class HFEngine(RolloutEngine):
+    """Generation with a ``transformers`` causal LM and its KV cache, on CPU or GPU.
+
+    Args:
+        model: a causal LM (``AutoModelForCausalLM``, possibly PEFT-wrapped); generation runs
+            on its device.
+        tokenizer: its tokenizer; gives the EOS and pad ids and decodes tails for stop
+            strings.
+        eos_token_ids: ids that end a sample; default `default_eos_ids(model, tokenizer)`.
+        pad_token_id: id written after a sample ends; default the tokenizer's pad id, else
+            the first EOS id.
+        micro_batch_size: generate at most this many rows (prompts x samples) at a time to
+            bound the KV cache; None = all at once.
+        seed: seed of the engine's own generator, used by calls whose `SamplingParams` has no
+            seed; None draws a random one.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer=None,
+        eos_token_ids: Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        micro_batch_size: int | None = None,
+        seed: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_ids = (
+            [int(i) for i in eos_token_ids]
+            if eos_token_ids is not None
+            else default_eos_ids(model, tokenizer)
+        )
+        if not self.eos_ids:
+            raise ValueError("eos_token_ids must not be empty")
+        if pad_token_id is None:
+            pad_token_id = getattr(tokenizer, "pad_token_id", None)
+        self.pad_id = int(pad_token_id) if pad_token_id is not None else self.eos_ids[0]
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
+        self.micro_batch_size = micro_batch_size
+        self._seed = seed
+        self._generator: torch.Generator | None = None
+        params = inspect.signature(model.forward).parameters
+        takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        # only the last position's logits are needed: never build (B, P, V) at prefill
+        self._logits_to_keep = "logits_to_keep" in params or takes_kwargs
+
+    # ------------------------------------------------------------------ interface
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
+        """Copy ``state_dict`` into the engine's model in place (see `RolloutEngine`).
+
+        Raises:
+            RuntimeError: missing or unexpected keys when ``strict`` (torch's message).
+        """
+        with torch.no_grad():
+            self.model.load_state_dict(dict(state_dict), strict=strict)
+
+    def generate(self, prompts: Batch, n: int = 1, sampling: SamplingParams | None = None) -> Batch:
+        """Sample ``n`` continuations per prompt; see `RolloutEngine.generate`.
+
+        The model is put in eval mode for the call and every module's train/eval flag is
+        restored afterwards. The returned tensors are ordinary (not inference-mode) tensors on
+        the prompts' device.
+        """
+        sampling = sampling or SamplingParams()
+        input_ids, mask = check_prompts(prompts, n)
+        if self.tokenizer is None and sampling.stop:
+            raise ValueError("stop strings need the engine's tokenizer (tokenizer=None given)")
+        generator = self._generator_for(sampling)
+        device = self._device()
+        position_ids = prompts.get("position_ids")
+        rows = torch.arange(len(prompts)).repeat_interleave(n)
+        size = self.micro_batch_size or max(len(rows), 1)
+        flags = {m: m.training for m in self.model.modules()}
+        self.model.eval()
+        try:
+            pieces = []
+            with torch.inference_mode():
+                for start in range(0, len(rows), size):
+                    r = rows[start : start + size]
+                    pos = position_ids[r].to(device) if position_ids is not None else None
+                    pieces.append(
+                        self._sample(
+                            input_ids[r].to(device), mask[r].to(device), pos, sampling, generator
+                        )
+                    )
+        finally:
+            for module, training in flags.items():
+                module.training = training
+        width = max((p[0].shape[1] for p in pieces), default=0)
+        responses = torch.cat([_pad_right(p[0], width, self.pad_id) for p in pieces])
+        response_mask = torch.cat([_pad_right(p[1], width, False) for p in pieces])
+        log_probs = torch.cat([_pad_right(p[2], width, 0.0) for p in pieces])
+        # clone outside inference mode: the trainer feeds these to autograd later
+        return finish_rollout(
+            prompts,
+            n,
+            responses.clone(),
+            response_mask.clone(),
+            log_probs.clone(),
+            sampling.logprob_temperature,
+        )
+
+    # ------------------------------------------------------------------ internals
+    def _device(self) -> torch.device:
+        first = next(self.model.parameters(), None)
+        return first.device if first is not None else torch.device("cpu")
+
+    def _generator_for(self, sampling: SamplingParams) -> torch.Generator:
+        device = self._device()
+        if sampling.seed is not None:
+            return torch.Generator(device=device).manual_seed(sampling.seed)
+        if self._generator is None or self._generator.device != device:
+            self._generator = torch.Generator(device=device)
+            if self._seed is None:
+                self._generator.seed()  # nondeterministic, leaves the global RNG alone
+            else:
+                self._generator.manual_seed(self._seed)
+        return self._generator
+
+    def _forward(self, ids, attention_mask, position_ids, cache) -> torch.Tensor:
+        """Logits (B, V) at the last position, in float32, updating ``cache`` in place."""
+        kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            **kwargs,
+        )
+        return out.logits[:, -1, :].float()
+
+    def _sample(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The sampling loop for one micro-batch of left-padded rows.
+
+        Args:
+            input_ids: (R, P) long, left-padded.
+            mask: (R, P) bool.
+            position_ids: (R, P) or None (then ``cumsum(mask) - 1``, clipped at 0).
+        Returns:
+            ``responses`` (R, T) right-padded with the pad id, ``response_mask`` bool (R, T),
+            ``log_probs`` (R, T) float32 0 outside the mask; T = steps run.
+        """
+        from transformers import DynamicCache
+
+        rows, prompt_len = input_ids.shape
+        device = input_ids.device
+        max_new = sampling.max_new_tokens
+        temperature = sampling.logprob_temperature
+        if position_ids is None:
+            position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        next_pos = position_ids[:, -1] + 1  # (R,)
+        # the mask grows by one always-valid column per step; finished rows' outputs are unused
+        full_mask = torch.ones(rows, prompt_len + max_new, dtype=torch.long, device=device)
+        full_mask[:, :prompt_len] = mask.long()
+        responses = torch.full((rows, max_new), self.pad_id, dtype=torch.long, device=device)
+        response_mask = torch.zeros(rows, max_new, dtype=torch.bool, device=device)
+        log_probs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
+        finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        stop_width = max((len(s) for s in sampling.stop), default=0) + 1
+
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(input_ids, full_mask[:, :prompt_len], position_ids, cache)
+        steps = 0
+        for t in range(max_new):
+            scaled = logits / temperature
+            logp = torch.log_softmax(scaled, dim=-1)
+            if sampling.do_sample:
+                probs = _truncate(scaled, sampling.top_k, sampling.top_p).softmax(dim=-1)
+                token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            else:
+                token = logits.argmax(dim=-1)
+            alive = ~finished
+            token = token.masked_fill(finished, self.pad_id)
+            responses[:, t] = token
+            response_mask[:, t] = alive
+            log_probs[:, t] = logp.gather(1, token[:, None]).squeeze(1).masked_fill(finished, 0.0)
+            finished = finished | torch.isin(token, eos)
+            if sampling.stop:
+                finished = finished | self._hit_stop(responses, t, alive, sampling.stop, stop_width)
+            steps = t + 1
+            if t + 1 == max_new or bool(finished.all()):
+                break
+            logits = self._forward(
+                token[:, None],
+                full_mask[:, : prompt_len + t + 1],
+                (next_pos + t)[:, None],
+                cache,
+            )
+        return responses[:, :steps], response_mask[:, :steps], log_probs[:, :steps]
+
+    def _hit_stop(
+        self, responses: torch.Tensor, t: int, alive: torch.Tensor, stop: list[str], width: int
+    ) -> torch.Tensor:
+        """Rows (alive at step ``t``) whose last ``width`` tokens' text contains a stop string.
+
+        A stop string completed at step ``t`` ends in token ``t``, and every token decodes to
+        at least one character (or is a special token), so the last ``len(stop) + 1`` tokens
+        contain it; an earlier occurrence would have finished the row earlier.
+        """
+        idx = alive.nonzero().flatten()
+        hit = torch.zeros_like(alive)
+        if idx.numel() == 0:
+            return hit
+        tails = responses[idx, max(0, t + 1 - width) : t + 1].tolist()
+        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
+        found = [
+            i for i, text in zip(idx.tolist(), texts, strict=True) if any(s in text for s in stop)
+        ]
+        if found:
+            hit[torch.tensor(found, device=hit.device)] = True
+        return hit
+
+
+def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
+    """Right-pad (R, T) to (R, width) with ``value``."""
+    if x.shape[1] == width:
+        return x
+    pad = torch.full((x.shape[0], width - x.shape[1]), value, dtype=x.dtype, device=x.device)
+    return torch.cat([x, pad], dim=1)

@@ -1,0 +1,144 @@
+"""Step metrics: the one table of names, the per-batch data metrics, and stage timers.
+
+Names are hierarchical and verl's where verl has one, so dashboards carry over. Workers and
+``lmrl.algos`` return detached tensors; they become floats here, once per step.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+
+from lmrl.algos.masked import masked_var
+from lmrl.batch import Batch
+
+# name (or name prefix ending in "/") -> what it measures. The documentation of every metric.
+METRICS: dict[str, str] = {
+    "actor/pg_loss": "policy-gradient loss of the update, averaged over mini-batches and epochs",
+    "actor/pg_clipfrac": "fraction of tokens whose ratio was clipped (upper side for A>0)",
+    "actor/pg_clipfrac_lower": "fraction of tokens hit by the dual clip (A<0, ratio > clip_ratio_c)",
+    "actor/ppo_kl": "mean of old_log_prob - log_prob over tokens: how far the update moved",
+    "actor/entropy": "mean token entropy of the policy on the rollout",
+    "actor/kl_loss": "KL(pi || pi_ref) loss term (use_kl_loss)",
+    "actor/kl_coef": "coefficient of the KL loss term",
+    "actor/grad_norm": "gradient norm before clipping, mean over optimizer steps",
+    "actor/lr": "learning rate after this step's update",
+    "actor/skipped_steps": "optimizer steps skipped for a non-finite loss or gradient",
+    "actor/old_log_prob_recomputed": "1 if old log-probs came from a separate forward pass, 0 if "
+    "the update's own forward provided them (one mini-batch, one epoch: provably identical)",
+    "actor/reward_kl_penalty": "KL(pi_old || pi_ref) subtracted from the reward (use_kl_in_reward)",
+    "actor/reward_kl_penalty_coeff": "the KL controller's coefficient for that penalty",
+    "critic/vf_loss": "clipped value loss",
+    "critic/vf_clipfrac": "fraction of tokens whose value prediction was clipped",
+    "critic/vf_explained_var": "1 - Var(returns - values) / Var(returns) over response tokens",
+    "critic/grad_norm": "critic gradient norm before clipping",
+    "critic/score/": "sequence score from the reward function (mean, max, min)",
+    "critic/rewards/": "sequence reward after the KL penalty (mean, max, min)",
+    "critic/advantages/": "advantages over response tokens (mean, max, min)",
+    "critic/returns/": "returns over response tokens (mean, max, min)",
+    "critic/values/": "critic values over response tokens (mean, max, min)",
+    "response_length/": "generated tokens per sample (mean, max, min)",
+    "response_length/clip_ratio": "fraction of samples that hit max_response_length",
+    "prompt_length/": "prompt tokens per sample (mean, max, min)",
+    "rollout_corr/": "rollout importance weights (mean, max, ESS, masked fraction, mismatch KL)",
+    "reward/": "reward manager extras and counters (errors, timeouts, overlong penalty...)",
+    "filter_groups/": "DAPO dynamic sampling: kept groups and generation batches used",
+    "timing_s/": "seconds spent in each stage of the step (gen, reward, old_log_prob, ref, "
+    "values, adv, update_critic, update_actor, step)",
+    "perf/throughput": "tokens (prompt + response) processed per second over the whole step",
+    "training/step": "the global step",
+    "training/epoch": "the data epoch",
+    "val/": "validation: val/<source>/mean@k, pass@k, acc, reward/mean",
+}
+
+
+class StageTimer:
+    """Wall-clock seconds per named stage: ``with timer("gen"): ...`` -> ``timing_s/gen``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        return {f"timing_s/{name}": s for name, s in self.seconds.items()}
+
+
+def to_floats(metrics: Mapping[str, torch.Tensor | float | int]) -> dict[str, float]:
+    """Detached tensors and numbers -> floats, in one pass (one device sync per tensor)."""
+    return {
+        k: float(v.detach().float().mean()) if isinstance(v, torch.Tensor) else float(v)
+        for k, v in metrics.items()
+    }
+
+
+def mean_metrics(records: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Average each key over the records that have it."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for record in records:
+        for k, v in record.items():
+            sums[k] = sums.get(k, 0.0) + v
+            counts[k] = counts.get(k, 0) + 1
+    return {k: sums[k] / counts[k] for k in sums}
+
+
+def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
+    x = x.float()
+    if x.numel() == 0:
+        return {}
+    return {
+        f"{prefix}/mean": float(x.mean()),
+        f"{prefix}/max": float(x.max()),
+        f"{prefix}/min": float(x.min()),
+    }
+
+
+def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
+    """Score, reward, advantage, return, value and length statistics of a finished batch."""
+    mask = batch["response_mask"]
+    out: dict[str, float] = {}
+    if "token_level_scores" in batch:
+        out |= _stats("critic/score", batch["token_level_scores"].sum(-1))
+    if "token_level_rewards" in batch:
+        out |= _stats("critic/rewards", batch["token_level_rewards"].sum(-1))
+    for key, name in (("advantages", "advantages"), ("returns", "returns"), ("values", "values")):
+        if key in batch:
+            out |= _stats(f"critic/{name}", batch[key][mask])
+    if "values" in batch and "returns" in batch:
+        ret, val = batch["returns"].float(), batch["values"].float()
+        var_ret = masked_var(ret, mask)
+        out["critic/vf_explained_var"] = float(1 - masked_var(ret - val, mask) / (var_ret + 1e-8))
+    lengths = mask.sum(-1)
+    out |= _stats("response_length", lengths)
+    out["response_length/clip_ratio"] = float((lengths >= max_response_length).float().mean())
+    if "prompts" in batch and "attention_mask" in batch:
+        prompt_len = batch["prompts"].shape[1]
+        out |= _stats("prompt_length", batch["attention_mask"][:, :prompt_len].sum(-1))
+    return out
+
+
+def throughput(batch: Batch, seconds: float) -> float:
+    """Tokens (prompt + response) per second over the step."""
+    tokens = float(batch["attention_mask"].sum()) if "attention_mask" in batch else 0.0
+    return tokens / seconds if seconds > 0 else math.nan
+
+
+__all__ = [
+    "METRICS",
+    "StageTimer",
+    "data_metrics",
+    "mean_metrics",
+    "throughput",
+    "to_floats",
+]

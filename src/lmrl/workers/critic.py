@@ -1,0 +1,78 @@
+"""The critic worker: per-token values and the clipped value-loss update (PPO with GAE).
+
+Same batching as the actor: epochs x mini-batches x micro-batches with the mini-batch's
+global normalizers, so the update does not depend on the micro-batch size.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+from lmrl.algos import AggNorm, value_loss
+from lmrl.algos.masked import masked_count
+from lmrl.batch import Batch
+from lmrl.models.critic import compute_values, forward_values
+from lmrl.workers.optim import TrainableWorker, clip_and_step
+
+UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
+               "values", "returns")  # fmt: skip
+
+
+class CriticWorker(TrainableWorker):
+    """The value model with its optimizer.
+
+    Args:
+        model: a critic from ``lmrl.models.critic.load_critic``.
+        cfg: the ``critic`` config section, resolved (its null fields filled from the actor's).
+        rollout_n: samples per prompt (``ppo_mini_batch_size`` counts prompts).
+        max_response_length: the constant divisor of ``seq-mean-token-sum-norm``.
+        total_steps: training steps, for the learning-rate schedule.
+        seed: seeds the mini-batch shuffling.
+    """
+
+    def __init__(
+        self, model: nn.Module, cfg, *, rollout_n: int, max_response_length: int,
+        total_steps: int, seed: int = 0,
+    ) -> None:  # fmt: skip
+        super().__init__(model, cfg.optim, total_steps, seed + 1)
+        self.cfg = cfg
+        self.rollout_n = rollout_n
+        self.max_response_length = max_response_length
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        """Values of the response positions, (B, T), no grad."""
+        micro = self.cfg.forward_micro_batch_size or self.cfg.ppo_micro_batch_size or len(batch)
+        return compute_values(self.model, batch, micro)
+
+    def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Clipped value loss against ``returns``, anchored at the rollout's ``values``.
+
+        Returns:
+            ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/grad_norm``, ``critic/lr``.
+        """
+        cfg = self.cfg
+        mini_size = cfg.ppo_mini_batch_size * self.rollout_n
+        batch = batch.select(*(k for k in UPDATE_KEYS if k in batch))
+        totals: dict[str, list[torch.Tensor]] = defaultdict(list)
+        for mini in self.mini_batches(batch, cfg.ppo_epochs, cfg.shuffle, mini_size):
+            norm = AggNorm.from_mask(
+                mini["response_mask"], loss_scale_factor=self.max_response_length
+            )
+            loss_sum, clipfrac = 0, 0
+            for micro in mini.split(cfg.ppo_micro_batch_size or mini_size):
+                mask = micro["response_mask"]
+                loss, m = value_loss(
+                    forward_values(self.model, micro), micro["values"], micro["returns"], mask,
+                    cfg.cliprange_value, cfg.loss_agg_mode, norm,
+                )  # fmt: skip
+                loss.backward()
+                loss_sum = loss_sum + loss.detach()
+                clipfrac = clipfrac + masked_count(mask) / norm.token_count * m["vf_clipfrac"]
+            grad_norm, _ = clip_and_step(self.params, self.optimizer, cfg.grad_clip)
+            totals["critic/vf_loss"].append(loss_sum)
+            totals["critic/vf_clipfrac"].append(clipfrac)
+            totals["critic/grad_norm"].append(grad_norm)
+        return self.finish_update(totals, "critic")

@@ -1,0 +1,133 @@
+"""The optimizer and learning-rate schedule shared by the actor and the critic.
+
+AdamW over the trainable parameters, linear warmup, then a constant or cosine schedule, as
+verl's ``optim`` section describes. The schedule advances once per training step (one
+``update_*`` call), not per mini-batch, so ``lr_warmup_steps`` counts steps as verl does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+
+def build_optimizer(params: Iterable[torch.nn.Parameter], optim) -> torch.optim.AdamW:
+    """AdamW from an ``OptimConfig`` (lr, betas, weight_decay)."""
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    return torch.optim.AdamW(
+        params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
+    )
+
+
+def warmup_steps(optim, total_steps: int) -> int:
+    """``lr_warmup_steps`` when >= 0, else ``lr_warmup_steps_ratio * total_steps``."""
+    if optim.lr_warmup_steps is not None and optim.lr_warmup_steps >= 0:
+        return int(optim.lr_warmup_steps)
+    return int(optim.lr_warmup_steps_ratio * total_steps)
+
+
+def lr_factor(
+    step: int, warmup: int, total_steps: int, schedule: str, min_lr_ratio: float
+) -> float:
+    """Multiplier of the peak lr at training step ``step`` (0-based).
+
+    Warmup is linear from 0 (verl's rule: ``step / warmup``); then 1 (``constant``) or a
+    half cosine from 1 down to ``min_lr_ratio`` at ``total_steps`` (``cosine``).
+    """
+    if step < warmup:
+        return step / max(1, warmup)
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    raise ValueError(f"unknown lr_scheduler {schedule!r}; valid: constant, cosine")
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, optim, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    """The warmup + constant/cosine schedule of an ``OptimConfig`` over ``total_steps``."""
+    warmup = warmup_steps(optim, total_steps)
+    schedule, min_lr_ratio = optim.lr_scheduler, optim.min_lr_ratio
+    lr_factor(warmup, warmup, total_steps, schedule, min_lr_ratio)  # validate the name now
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, warmup, total_steps, schedule, min_lr_ratio)
+    )
+
+
+def clip_and_step(
+    params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, grad_clip: float | None
+) -> tuple[torch.Tensor, bool]:
+    """Clip the global gradient norm and step, unless the gradient is not finite.
+
+    Returns:
+        ``(grad_norm, stepped)``: the norm before clipping; ``stepped`` False when a NaN or
+        inf gradient (from a non-finite loss, say) made the step be skipped. Skipping costs
+        one device sync per optimizer step, the price of never applying a bad update.
+    """
+    max_norm = grad_clip if grad_clip and grad_clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    stepped = bool(torch.isfinite(grad_norm))
+    if stepped:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm.detach(), stepped
+
+
+class TrainableWorker:
+    """What the actor and the critic share: a model, its optimizer and schedule, the RNG that
+    shuffles mini-batches, and their checkpoint state.
+
+    Args:
+        model: the module trained.
+        optim: its ``OptimConfig``.
+        total_steps: training steps, for the schedule.
+        seed: seeds the mini-batch shuffling.
+    """
+
+    def __init__(self, model: torch.nn.Module, optim, total_steps: int, seed: int) -> None:
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, optim)
+        self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def mini_batches(self, batch, epochs: int, shuffle: bool, size: int):
+        """``epochs`` passes over ``batch`` in pieces of ``size`` rows, in train mode.
+
+        Shuffles the rows each pass when ``shuffle`` (with this worker's generator).
+        """
+        was_training = self.model.training
+        self.model.train()
+        try:
+            for _ in range(epochs):
+                n = len(batch)
+                order = torch.randperm(n, generator=self.generator) if shuffle else torch.arange(n)
+                yield from batch.index(order).split(size)
+        finally:
+            self.model.train(was_training)
+
+    def finish_update(self, totals: dict[str, list[torch.Tensor]], prefix: str) -> dict:
+        """Advance the schedule; metrics averaged over optimizer steps, plus ``<prefix>/lr``."""
+        self.scheduler.step()
+        metrics = {k: torch.stack([v.float() for v in vs]).mean() for k, vs in totals.items()}
+        metrics[f"{prefix}/lr"] = torch.tensor(self.scheduler.get_last_lr()[0])
+        return metrics
+
+    def state_dict(self) -> dict:
+        """Optimizer, scheduler and shuffling RNG (the weights are saved separately)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])

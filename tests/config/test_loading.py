@@ -1,0 +1,203 @@
+"""Loading: YAML + dotted overrides, value parsing, precedence, notices, save/load round trip."""
+
+from __future__ import annotations
+
+import json
+import logging
+import textwrap
+
+import pytest
+import yaml
+
+from lmrl.config import (
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_override,
+    save_config,
+)
+
+BASE = ["model.path=/models/tiny", "data.train_files=/tmp/x.parquet"]
+
+
+def write(tmp_path, text: str, name: str = "run.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_override_values_are_parsed_like_yaml():
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            "actor.optim.lr=1e-6",  # a string to PyYAML, a float here
+            "actor.clip_ratio_high=0.28",
+            "actor.shuffle=true",
+            "rollout.stop=[</answer>, '###']",
+            "data.val_files=[a.parquet,b.parquet]",
+            "trainer.max_ckpt_to_keep=null",
+            "trainer.experiment_name=0.10",  # a string key keeps the text typed
+            "trainer.project_name=2024-01-01",  # not a date
+            "data.max_response_length=2048.0",  # integral float -> int
+            "trainer.logger=console",  # a bare value where a list is expected
+        ],
+    )
+    assert cfg.actor.optim.lr == 1e-6 and isinstance(cfg.actor.optim.lr, float)
+    assert cfg.actor.clip_ratio_high == 0.28
+    assert cfg.actor.shuffle is True
+    assert cfg.rollout.stop == ["</answer>", "###"]
+    assert cfg.data.val_files == ["a.parquet", "b.parquet"]
+    assert cfg.trainer.max_ckpt_to_keep is None
+    assert cfg.trainer.experiment_name == "0.10"
+    assert cfg.trainer.project_name == "2024-01-01"
+    assert cfg.data.max_response_length == 2048 and isinstance(cfg.data.max_response_length, int)
+    assert cfg.trainer.logger == ["console"]
+
+
+def test_override_with_a_mapping_value_and_hydra_plus():
+    cfg = load_config(None, [*BASE, "actor.optim={lr: 0.001, weight_decay: 0}", "+trainer.seed=7"])
+    assert (cfg.actor.optim.lr, cfg.actor.optim.weight_decay) == (0.001, 0.0)
+    assert cfg.trainer.seed == 7 and cfg.data.seed == 7
+
+
+def test_parse_override_keeps_the_raw_text():
+    (entry,) = parse_override("trainer.experiment_name=1e3")
+    assert entry.key == "trainer.experiment_name" and entry.raw == "1e3"
+
+
+def test_precedence_defaults_then_file_then_overrides(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        model: {path: /models/from-file}
+        data:
+          train_files: /data/train.parquet
+          train_batch_size: 64
+        actor:
+          ppo_mini_batch_size: 16
+          clip_ratio: 0.1
+          optim: {lr: 3.0e-6}
+        """,
+    )
+    cfg = load_config(path, ["actor.clip_ratio=0.3", "actor.clip_ratio=0.25"])
+    assert cfg.actor.clip_ratio == 0.25  # the later override wins
+    assert cfg.actor.optim.lr == 3e-6  # from the file
+    assert cfg.data.train_batch_size == 64 and cfg.actor.ppo_mini_batch_size == 16
+    assert cfg.actor.clip_ratio_c == 3.0  # untouched default
+    assert cfg.model.path == "/models/from-file"
+    cfg = load_config(path, ["model.path=/models/cli"])
+    assert cfg.model.path == "/models/cli"
+
+
+def test_empty_file_and_empty_sections(tmp_path):
+    assert load_config(write(tmp_path, ""), BASE) == load_config(None, BASE)
+    path = write(tmp_path, "critic:\nactor: {}\n", "sections.yaml")
+    assert load_config(path, BASE) == load_config(None, BASE)
+
+
+def test_interpolations_in_a_file_are_resolved(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        data: {train_batch_size: 32, train_files: /x.parquet}
+        model: {path: /m}
+        actor: {ppo_mini_batch_size: 8}
+        critic: {ppo_mini_batch_size: "${actor.ppo_mini_batch_size}"}
+        trainer: {experiment_name: "bs${data.train_batch_size}"}
+        """,
+    )
+    cfg = load_config(path, [])
+    assert cfg.critic.ppo_mini_batch_size == 8
+    assert cfg.trainer.experiment_name == "bs32"
+
+
+def test_required_keys_and_opting_out():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [])
+    text = str(err.value)
+    assert "model.path is not set" in text and "actor_rollout_ref.model.path" in text
+    assert "data.train_files is not set" in text
+    assert load_config(None, [], required=()).model.path is None
+
+
+def test_save_and_load_round_trip(tmp_path):
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            "algorithm.adv_estimator=grpo",
+            "rollout.n=4",
+            "data.train_batch_size=8",
+            "actor.ppo_mini_batch_size=4",
+            "actor.ppo_micro_batch_size=2",
+            "actor.clip_ratio_high=0.28",
+            "rollout.stop=['</s>']",
+            "reward.custom_reward_function.reward_kwargs={scale: 2}",
+            "trainer.logger=[console,jsonl]",
+            "trainer.default_local_dir=" + str(tmp_path / "run"),
+        ],
+    )
+    path = save_config(cfg, tmp_path / "run" / "config.yaml")
+    assert path.read_text().startswith("# lmrl resolved config")
+    assert yaml.safe_load(path.read_text())["actor"]["clip_ratio_high"] == 0.28
+    again = load_config(path, [])
+    assert again == cfg
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    json.dumps(config_to_dict(cfg))  # plain types only
+    assert [p.name for p in path.parent.iterdir()] == ["config.yaml"]  # no temp file left
+
+
+def test_notices_are_returned_and_logged(caplog):
+    notices: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="lmrl.config"):
+        load_config(
+            None,
+            [*BASE, "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"],
+            notices=notices,
+        )
+    assert len(notices) == 1
+    assert notices[0].startswith("actor_rollout_ref.rollout.gpu_memory_utilization=0.6")
+    assert "changes nothing in lmrl" in notices[0] and "on the command line" in notices[0]
+    assert [r.getMessage() for r in caplog.records if r.name == "lmrl.config"] == notices
+
+
+def test_a_critic_for_a_critic_free_estimator_is_a_notice():
+    notices: list[str] = []
+    cfg = load_config(
+        None,
+        [*BASE, "algorithm.adv_estimator=remax", "critic.enable=true"],
+        notices=notices,
+    )
+    assert cfg.critic.enable is True
+    assert any("critic.enable=true" in n and "not used" in n for n in notices)
+
+
+def test_both_kl_penalties_is_a_notice():
+    notices: list[str] = []
+    load_config(
+        None, [*BASE, "algorithm.use_kl_in_reward=true", "actor.use_kl_loss=true"], notices=notices
+    )
+    assert any("penalized twice" in n for n in notices)
+
+
+def test_items_of_a_mapping_key_can_be_set_one_by_one():
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            "custom_reward_function.reward_kwargs={scale: 2}",
+            "reward.custom_reward_function.reward_kwargs.offset=0.5",
+        ],
+    )
+    assert cfg.reward.custom_reward_function.reward_kwargs == {"scale": 2, "offset": 0.5}
+
+
+def test_config_from_a_dict_in_verls_layout():
+    cfg = config_from_dict(
+        {"actor_rollout_ref": {"actor": {"clip_ratio": 0.3}, "model": {"path": "/m"}}},
+        ["actor_rollout_ref.actor.ppo_epochs=2"],
+    )
+    assert (cfg.actor.clip_ratio, cfg.actor.ppo_epochs, cfg.model.path) == (0.3, 2, "/m")
+    assert cfg.critic.model.path == "/m"

@@ -1,0 +1,466 @@
+"""verl compatibility: the translation table, verl command lines and verl-layout YAML files."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from lmrl.config import ConfigError, load_config
+from lmrl.config.fields import schema
+from lmrl.config.verl import VERL_RULES, translate
+
+BASE = ["model.path=/models/tiny", "data.train_files=/tmp/x.parquet"]
+
+
+def test_every_rule_of_the_table_lands_on_a_schema_key():
+    spec = schema()
+    for rule in VERL_RULES:
+        key = rule.verl.replace("*.", "some.").replace(".*", ".leaf")
+        if rule.ours is None:
+            if rule.when_true is not None:  # a verl switch: true sets our key, false is a notice
+                assert translate(key, True).path in spec, rule
+                value = False
+            else:
+                value = rule.only[0] if rule.only else True
+            out = translate(key, value)
+            assert out.path is None and out.error is None and out.notice, rule
+            continue
+        if rule.ours.endswith(".*"):
+            section = rule.ours[:-2]
+            assert spec[section].section, rule
+            leaf = next(p for p in spec if p.startswith(section + ".") and not spec[p].section)
+            verl_key = rule.verl[:-1] + leaf[len(section) + 1 :]
+            assert translate(verl_key, 1).path == leaf, rule
+        else:
+            assert translate(rule.verl, "x").path in spec, rule
+            assert not spec[translate(rule.verl, "x").path].section, rule
+
+
+# verl key, value as typed, our key, the value it must have
+TRANSLATIONS = [
+    ("actor_rollout_ref.model.path", "/m/qwen", "model.path", "/m/qwen"),
+    (
+        "actor_rollout_ref.model.enable_gradient_checkpointing",
+        "false",
+        "model.enable_gradient_checkpointing",
+        False,
+    ),
+    ("actor_rollout_ref.model.trust_remote_code", "true", "model.trust_remote_code", True),
+    ("actor_rollout_ref.model.lora_rank", "8", "model.lora_rank", 8),
+    ("actor_rollout_ref.model.lora_alpha", "32", "model.lora_alpha", 32),
+    (
+        "actor_rollout_ref.model.target_modules",
+        "[q_proj,v_proj]",
+        "model.target_modules",
+        ["q_proj", "v_proj"],
+    ),
+    ("actor_rollout_ref.actor.ppo_mini_batch_size", "64", "actor.ppo_mini_batch_size", 64),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size", "4", "actor.ppo_micro_batch_size", 4),
+    ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "4", "actor.ppo_micro_batch_size", 4),
+    ("actor_rollout_ref.actor.ppo_epochs", "2", "actor.ppo_epochs", 2),
+    ("actor_rollout_ref.actor.shuffle", "true", "actor.shuffle", True),
+    ("actor_rollout_ref.actor.clip_ratio", "0.2", "actor.clip_ratio", 0.2),
+    ("actor_rollout_ref.actor.clip_ratio_low", "0.2", "actor.clip_ratio_low", 0.2),
+    ("actor_rollout_ref.actor.clip_ratio_high", "0.28", "actor.clip_ratio_high", 0.28),
+    ("actor_rollout_ref.actor.clip_ratio_c", "10.0", "actor.clip_ratio_c", 10.0),
+    (
+        "actor_rollout_ref.actor.loss_agg_mode",
+        "seq-mean-token-sum-norm",
+        "actor.loss_agg_mode",
+        "seq-mean-token-sum-norm",
+    ),
+    (
+        "actor_rollout_ref.actor.policy_loss.loss_mode",
+        "gspo",
+        "actor.policy_loss.loss_mode",
+        "gspo",
+    ),
+    ("actor_rollout_ref.actor.policy_loss.tau_neg", "1.1", "actor.policy_loss.tau_neg", 1.1),
+    ("actor_rollout_ref.actor.entropy_coeff", "0.001", "actor.entropy_coeff", 0.001),
+    ("actor_rollout_ref.actor.use_kl_loss", "True", "actor.use_kl_loss", True),
+    ("actor_rollout_ref.actor.kl_loss_coef", "0.01", "actor.kl_loss_coef", 0.01),
+    ("actor_rollout_ref.actor.kl_loss_type", "k3", "actor.kl_loss_type", "k3"),
+    ("actor_rollout_ref.actor.optim.lr", "1e-6", "actor.optim.lr", 1e-6),
+    (
+        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio",
+        "0.285",
+        "actor.optim.lr_warmup_steps_ratio",
+        0.285,
+    ),
+    ("actor_rollout_ref.actor.optim.lr_warmup_steps", "10", "actor.optim.lr_warmup_steps", 10),
+    ("actor_rollout_ref.actor.optim.warmup_style", "cosine", "actor.optim.lr_scheduler", "cosine"),
+    (
+        "actor_rollout_ref.actor.optim.lr_scheduler_type",
+        "cosine",
+        "actor.optim.lr_scheduler",
+        "cosine",
+    ),
+    ("actor_rollout_ref.actor.optim.min_lr_ratio", "0.1", "actor.optim.min_lr_ratio", 0.1),
+    ("actor_rollout_ref.actor.optim.weight_decay", "0.1", "actor.optim.weight_decay", 0.1),
+    ("actor_rollout_ref.actor.optim.betas", "[0.9,0.95]", "actor.optim.betas", [0.9, 0.95]),
+    ("actor_rollout_ref.actor.optim.clip_grad", "0.5", "actor.grad_clip", 0.5),
+    ("actor_rollout_ref.actor.grad_clip", "0.5", "actor.grad_clip", 0.5),
+    ("actor_rollout_ref.rollout.name", "vllm", "rollout.name", "vllm"),
+    ("actor_rollout_ref.rollout.n", "5", "rollout.n", 5),
+    ("actor_rollout_ref.rollout.temperature", "0.7", "rollout.temperature", 0.7),
+    ("actor_rollout_ref.rollout.top_p", "0.9", "rollout.top_p", 0.9),
+    ("actor_rollout_ref.rollout.top_k", "50", "rollout.top_k", 50),
+    ("actor_rollout_ref.rollout.do_sample", "true", "rollout.do_sample", True),
+    (
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+        "16",
+        "rollout.log_prob_micro_batch_size",
+        16,
+    ),
+    (
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "16",
+        "rollout.log_prob_micro_batch_size",
+        16,
+    ),
+    ("actor_rollout_ref.rollout.val_kwargs.n", "4", "rollout.val_kwargs.n", 4),
+    (
+        "actor_rollout_ref.rollout.val_kwargs.temperature",
+        "0.6",
+        "rollout.val_kwargs.temperature",
+        0.6,
+    ),
+    ("actor_rollout_ref.rollout.val_kwargs.top_p", "0.7", "rollout.val_kwargs.top_p", 0.7),
+    (
+        "actor_rollout_ref.rollout.val_kwargs.do_sample",
+        "true",
+        "rollout.val_kwargs.do_sample",
+        True,
+    ),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size", "16", "ref.log_prob_micro_batch_size", 16),
+    (
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+        "16",
+        "ref.log_prob_micro_batch_size",
+        16,
+    ),
+    ("critic.model.path", "/m/critic", "critic.model.path", "/m/critic"),
+    (
+        "critic.model.enable_gradient_checkpointing",
+        "false",
+        "critic.model.enable_gradient_checkpointing",
+        False,
+    ),
+    ("critic.ppo_micro_batch_size_per_gpu", "4", "critic.ppo_micro_batch_size", 4),
+    ("critic.forward_micro_batch_size_per_gpu", "8", "critic.forward_micro_batch_size", 8),
+    ("critic.optim.lr", "5e-6", "critic.optim.lr", 5e-6),
+    ("critic.optim.warmup_style", "cosine", "critic.optim.lr_scheduler", "cosine"),
+    ("critic.cliprange_value", "0.2", "critic.cliprange_value", 0.2),
+    ("critic.enable", "true", "critic.enable", True),
+    ("data.max_prompt_length", "1024", "data.max_prompt_length", 1024),
+    ("data.filter_overlong_prompts", "True", "data.filter_overlong_prompts", True),
+    ("data.truncation", "left", "data.truncation", "left"),
+    ("algorithm.gamma", "0.99", "algorithm.gamma", 0.99),
+    ("algorithm.lam", "0.95", "algorithm.lam", 0.95),
+    ("algorithm.norm_adv_by_std_in_grpo", "False", "algorithm.norm_adv_by_std_in_grpo", False),
+    ("algorithm.use_kl_in_reward", "true", "algorithm.use_kl_in_reward", True),
+    ("algorithm.kl_penalty", "low_var_kl", "algorithm.kl_penalty", "low_var_kl"),
+    ("algorithm.kl_ctrl.type", "adaptive", "algorithm.kl_ctrl.type", "adaptive"),
+    ("algorithm.kl_ctrl.kl_coef", "0.002", "algorithm.kl_ctrl.kl_coef", 0.002),
+    ("algorithm.kl_ctrl.target_kl", "0.01", "algorithm.kl_ctrl.target_kl", 0.01),
+    ("algorithm.kl_ctrl.horizon", "5000", "algorithm.kl_ctrl.horizon", 5000),
+    ("algorithm.filter_groups.metric", "acc", "algorithm.filter_groups.metric", "acc"),
+    (
+        "algorithm.filter_groups.max_num_gen_batches",
+        "4",
+        "algorithm.filter_groups.max_num_gen_batches",
+        4,
+    ),
+    ("algorithm.rollout_is", "true", "rollout.log_prob_mode", "rollout_correction"),
+    ("algorithm.rollout_is_level", "geometric", "rollout.correction.level", "geometric"),
+    ("algorithm.rollout_is_mode", "mask", "rollout.correction.mode", "mask"),
+    ("algorithm.rollout_is_threshold", "5.0", "rollout.correction.threshold", 5.0),
+    ("algorithm.rollout_is_threshold_lower", "0.5", "rollout.correction.threshold_lower", 0.5),
+    ("algorithm.rollout_correction.bypass_mode", "true", "rollout.log_prob_mode", "bypass"),
+    ("reward_model.reward_manager", "batch", "reward.manager", "batch"),
+    (
+        "custom_reward_function.path",
+        "/r/score.py",
+        "reward.custom_reward_function.path",
+        "/r/score.py",
+    ),
+    ("custom_reward_function.name", "my_score", "reward.custom_reward_function.name", "my_score"),
+    (
+        "reward_model.overlong_buffer.penalty_factor",
+        "0.5",
+        "reward.overlong_buffer.penalty_factor",
+        0.5,
+    ),
+    ("trainer.n_gpus_per_node", "8", "resources.n_gpus_per_node", 8),
+    ("trainer.nnodes", "2", "resources.nnodes", 2),
+    ("ray_init.num_cpus", "4", "resources.num_cpus", 4),
+    ("trainer.total_epochs", "3", "trainer.total_epochs", 3),
+    ("trainer.total_training_steps", "100", "trainer.total_training_steps", 100),
+    ("trainer.project_name", "gsm8k", "trainer.project_name", "gsm8k"),
+    ("trainer.experiment_name", "ppo", "trainer.experiment_name", "ppo"),
+    ("trainer.logger", "['console','wandb']", "trainer.logger", ["console", "wandb"]),
+    ("trainer.save_freq", "10", "trainer.save_freq", 10),
+    ("trainer.test_freq", "5", "trainer.test_freq", 5),
+    ("trainer.val_before_train", "False", "trainer.val_before_train", False),
+    ("trainer.critic_warmup", "2", "trainer.critic_warmup", 2),
+    ("trainer.default_local_dir", "/runs/a", "trainer.default_local_dir", "/runs/a"),
+    ("trainer.resume_mode", "disable", "trainer.resume_mode", "disable"),
+    ("trainer.resume_from_path", "/runs/a/step_10", "trainer.resume_mode", "/runs/a/step_10"),
+    ("trainer.max_actor_ckpt_to_keep", "2", "trainer.max_ckpt_to_keep", 2),
+    ("trainer.device", "cuda", "trainer.device", "cuda"),
+]
+
+
+# keys that need a companion setting to form a valid config
+COMPANIONS = {
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": ["rollout.val_kwargs.temperature=1"]
+}
+
+
+@pytest.mark.parametrize(("verl_key", "text", "ours", "expected"), TRANSLATIONS)
+def test_verl_key_maps(verl_key, text, ours, expected):
+    overrides = [*BASE, *COMPANIONS.get(verl_key, []), f"{verl_key}={text}"]
+    cfg = load_config(None, overrides, required=())
+    value = cfg
+    for seg in ours.split("."):
+        value = getattr(value, seg)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_both_layouts_work_for_the_same_key():
+    verl = load_config(None, [*BASE, "actor_rollout_ref.actor.clip_ratio=0.15"])
+    ours = load_config(None, [*BASE, "actor.clip_ratio=0.15"])
+    assert verl == ours and ours.actor.clip_ratio == 0.15
+
+
+def test_resume_path_mode():
+    notices: list[str] = []
+    cfg = load_config(
+        None,
+        [*BASE, "trainer.resume_mode=resume_path", "trainer.resume_from_path=/runs/ckpt"],
+        notices=notices,
+    )
+    assert cfg.trainer.resume_mode == "/runs/ckpt"
+    assert any(n.startswith("trainer.resume_mode='resume_path'") for n in notices)
+
+
+# seed 002 §5.3, the PPO example, with local paths in place of the hub model and ~/data
+SEED_002_PPO = [
+    "data.train_files=/tmp/gsm8k/train.parquet",
+    "data.val_files=/tmp/gsm8k/test.parquet",
+    "data.train_batch_size=256",
+    "actor_rollout_ref.model.path=/tmp/models/tiny-qwen2",
+    "actor_rollout_ref.actor.ppo_epochs=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    "actor_rollout_ref.actor.clip_ratio=0.2",
+    "actor_rollout_ref.actor.optim.lr=1e-6",
+    "critic.model.path=/tmp/models/tiny-qwen2",
+    "critic.ppo_epochs=2",
+    "critic.ppo_mini_batch_size=64",
+    "critic.optim.lr=5e-6",
+    "algorithm.adv_estimator=gae",
+    "algorithm.gamma=0.99",
+    "algorithm.lam=0.95",
+    "trainer.total_epochs=3",
+    "trainer.n_gpus_per_node=8",
+]
+
+
+def test_seed_002_ppo_command_line():
+    notices: list[str] = []
+    cfg = load_config(None, SEED_002_PPO, notices=notices)
+    assert cfg.data.train_files == "/tmp/gsm8k/train.parquet"
+    assert cfg.data.val_files == "/tmp/gsm8k/test.parquet"
+    assert cfg.data.train_batch_size == 256
+    assert cfg.model.path == "/tmp/models/tiny-qwen2"
+    assert cfg.actor.ppo_epochs == 2 and cfg.actor.ppo_mini_batch_size == 64
+    assert cfg.actor.clip_ratio == 0.2 and cfg.actor.optim.lr == 1e-6
+    assert cfg.critic.model.path == "/tmp/models/tiny-qwen2"
+    assert cfg.critic.ppo_epochs == 2 and cfg.critic.ppo_mini_batch_size == 64
+    assert cfg.critic.optim.lr == 5e-6
+    assert cfg.critic.enable is True  # gae
+    assert cfg.algorithm.adv_estimator == "gae"
+    assert (cfg.algorithm.gamma, cfg.algorithm.lam) == (0.99, 0.95)
+    assert cfg.trainer.total_epochs == 3
+    assert cfg.resources.n_gpus_per_node == 8
+    # 8 GPUs place Ray workers only: the local backend says so instead of ignoring it
+    assert any("n_gpus_per_node = 8" in n for n in notices)
+
+
+GPU_ONLY = [
+    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+    "actor_rollout_ref.actor.use_dynamic_bsz=True",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    "actor_rollout_ref.model.use_remove_padding=True",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.enforce_eager=False",
+    "actor_rollout_ref.rollout.free_cache_engine=True",
+    "actor_rollout_ref.rollout.max_num_batched_tokens=8192",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+    "actor_rollout_ref.rollout.calculate_log_probs=True",
+    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+    "critic.model.fsdp_config.param_offload=True",
+    "critic.ppo_max_token_len_per_gpu=32768",
+    "trainer.balance_batch=True",
+]
+
+
+def test_gpu_only_keys_give_one_notice_each_and_change_nothing():
+    notices: list[str] = []
+    cfg = load_config(None, [*BASE, *GPU_ONLY], notices=notices)
+    assert cfg == load_config(None, BASE)
+    assert len(notices) == len(GPU_ONLY)
+    for override, notice in zip(GPU_ONLY, notices, strict=True):
+        assert notice.startswith(override.split("=")[0] + "=")
+        assert "changes nothing in lmrl" in notice and "\n" not in notice
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("reward_model.enable=True", "model-based rewards are not available in lmrl"),
+        ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn rollout"),
+        ("algorithm.use_pf_ppo=true", "PF-PPO"),
+        ("trainer.val_only=true", "lmrl eval"),
+        ("algorithm.rollout_is=maybe", "expected true or false"),
+    ],
+)
+def test_verl_switches_lmrl_cannot_honour_are_errors(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [*BASE, override])
+    assert message in str(err.value)
+    assert override.split("=")[0] in str(err.value)
+
+
+VERL_YAML = """
+# a run file in verl's nesting, the way verl dumps it
+data:
+  tokenizer: null
+  train_files: /data/gsm8k/train.parquet
+  val_files: [/data/gsm8k/test.parquet, /data/math/test.parquet]
+  train_batch_size: 32
+  max_prompt_length: 256
+  max_response_length: 128
+  dataloader_num_workers: 8
+actor_rollout_ref:
+  hybrid_engine: true
+  model:
+    path: /models/tiny
+    use_remove_padding: true
+    enable_gradient_checkpointing: false
+  actor:
+    _target_: verl.workers.config.FSDPActorConfig
+    strategy: fsdp
+    ppo_mini_batch_size: 8
+    ppo_micro_batch_size_per_gpu: 4
+    clip_ratio_low: 0.2
+    clip_ratio_high: 0.28
+    loss_agg_mode: token-mean
+    use_kl_loss: true
+    kl_loss_type: low_var_kl
+    policy_loss:
+      loss_mode: vanilla
+      clip_cov_ratio: 0.0002
+    optim:
+      lr: 1.0e-06
+      warmup_style: constant
+      total_training_steps: -1
+    fsdp_config:
+      param_offload: false
+      wrap_policy:
+        min_num_params: 0
+  rollout:
+    name: hf
+    n: 4
+    gpu_memory_utilization: 0.5
+    log_prob_micro_batch_size_per_gpu: 16
+    val_kwargs:
+      n: 2
+      do_sample: true
+      temperature: 0.6
+  ref:
+    log_prob_micro_batch_size_per_gpu: ${actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu}
+    fsdp_config:
+      param_offload: true
+critic:
+  ppo_mini_batch_size: ${actor_rollout_ref.actor.ppo_mini_batch_size}
+reward_model:
+  enable: false
+  reward_manager: dapo
+  overlong_buffer:
+    enable: true
+    len: 32
+    penalty_factor: 1.0
+custom_reward_function:
+  path: null
+  name: compute_score
+algorithm:
+  adv_estimator: grpo
+  norm_adv_by_std_in_grpo: false
+  filter_groups:
+    enable: true
+    metric: acc
+    max_num_gen_batches: 5
+trainer:
+  logger: [console, tensorboard]
+  n_gpus_per_node: 1
+  total_epochs: 2
+  save_freq: 5
+  max_actor_ckpt_to_keep: 3
+"""
+
+
+def test_verl_layout_yaml_file(tmp_path):
+    path = tmp_path / "verl.yaml"
+    path.write_text(textwrap.dedent(VERL_YAML))
+    notices: list[str] = []
+    cfg = load_config(path, ["actor_rollout_ref.rollout.n=8"], notices=notices)
+    assert cfg.data.val_files == ["/data/gsm8k/test.parquet", "/data/math/test.parquet"]
+    assert (cfg.data.train_batch_size, cfg.data.max_response_length) == (32, 128)
+    assert cfg.model.path == "/models/tiny" and cfg.model.enable_gradient_checkpointing is False
+    assert (cfg.actor.ppo_mini_batch_size, cfg.actor.ppo_micro_batch_size) == (8, 4)
+    assert (cfg.actor.clip_ratio_low, cfg.actor.clip_ratio_high) == (0.2, 0.28)
+    assert cfg.actor.use_kl_loss is True and cfg.actor.optim.lr == 1e-6
+    assert cfg.actor.optim.lr_scheduler == "constant"
+    assert cfg.rollout.n == 8  # the override wins over the file's 4
+    assert cfg.rollout.val_kwargs.n == 2 and cfg.rollout.val_kwargs.temperature == 0.6
+    assert cfg.rollout.log_prob_micro_batch_size == 16
+    assert cfg.ref.log_prob_micro_batch_size == 16  # through the interpolation
+    assert cfg.critic.ppo_mini_batch_size == 8 and cfg.critic.enable is False
+    assert cfg.reward.manager == "dapo" and cfg.reward.overlong_buffer.len == 32
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.algorithm.norm_adv_by_std_in_grpo is False
+    assert cfg.algorithm.filter_groups.enable is True
+    assert cfg.algorithm.filter_groups.metric == "acc"
+    assert cfg.trainer.logger == ["console", "tensorboard"]
+    assert cfg.trainer.max_ckpt_to_keep == 3 and cfg.resources.n_gpus_per_node == 1
+    noticed = {n.split("=")[0] for n in notices}
+    assert {
+        "data.tokenizer",
+        "data.dataloader_num_workers",
+        "actor_rollout_ref.hybrid_engine",
+        "actor_rollout_ref.model.use_remove_padding",
+        "actor_rollout_ref.actor._target_",
+        "actor_rollout_ref.actor.strategy",
+        "actor_rollout_ref.actor.policy_loss.clip_cov_ratio",
+        "actor_rollout_ref.actor.optim.total_training_steps",
+        "actor_rollout_ref.actor.fsdp_config.param_offload",
+        "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
+        "actor_rollout_ref.rollout.gpu_memory_utilization",
+        "actor_rollout_ref.ref.fsdp_config.param_offload",
+        "reward_model.enable",
+    } == noticed
+    assert all(f"in {path}" in n for n in notices)
+
+
+def test_a_key_set_twice_in_one_file_is_an_error(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("actor: {clip_ratio: 0.1}\nactor_rollout_ref: {actor: {clip_ratio: 0.3}}\n")
+    with pytest.raises(ConfigError, match=r"actor\.clip_ratio is set twice"):
+        load_config(path, BASE)

@@ -1,0 +1,100 @@
+"""compute_log_probs / forward_log_probs against the naive full-logits reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmrl.models import compute_log_probs, forward_log_probs, load_causal_lm, trim_batch
+from lmrl.models.forward import fused_head
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("micro_batch_size", [1, 3, 5])
+def test_compute_log_probs_equals_naive(qwen_dir, batch, naive, temperature, micro_batch_size):
+    model = load_causal_lm(qwen_dir)
+    ref_logp, ref_ent = naive(model, batch, temperature)
+    logp, ent = compute_log_probs(model, batch, micro_batch_size, temperature, with_entropy=True)
+    mask = batch["response_mask"]
+    assert logp.shape == ent.shape == mask.shape and logp.dtype == torch.float32
+    torch.testing.assert_close(logp.double()[mask], ref_logp[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent.double()[mask], ref_ent[mask], atol=1e-5, rtol=0)
+    assert (logp[~mask] == 0).all() and (ent[~mask] == 0).all()
+    only_logp, none = compute_log_probs(model, batch, micro_batch_size, temperature)
+    assert none is None and torch.equal(only_logp, logp)
+
+
+def test_logits_path_equals_fused_path(llama_dir, batch):
+    model = load_causal_lm(llama_dir)
+    assert fused_head(model) is not None
+    fused, fused_ent = compute_log_probs(model, batch, 2, 0.7, with_entropy=True)
+    # A forward hook on the head forces the path through the model's own logits.
+    handle = model.lm_head.register_forward_hook(lambda module, args, out: out)
+    try:
+        assert fused_head(model) is None
+        plain, plain_ent = compute_log_probs(model, batch, 2, 0.7, with_entropy=True)
+    finally:
+        handle.remove()
+    torch.testing.assert_close(fused, plain, atol=1e-6, rtol=0)
+    torch.testing.assert_close(fused_ent, plain_ent, atol=1e-5, rtol=0)
+
+
+def test_forward_log_probs_gradient_equals_naive(qwen_dir, batch_factory):
+    batch = batch_factory(seed=1)
+    mask = batch["response_mask"]
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
+    weights = torch.where(mask, weights, 0.0)
+
+    def grads(loss_fn):
+        model = load_causal_lm(qwen_dir).double()
+        logp, ent = loss_fn(model)
+        ((logp * weights).sum() + 0.1 * (ent * weights).sum()).backward()
+        return {n: p.grad for n, p in model.named_parameters()}
+
+    got = grads(lambda m: forward_log_probs(m, batch, temperature=0.7, with_entropy=True))
+    want = grads(lambda m: _naive_with_grad(m, batch, 0.7))
+    for name, g in want.items():
+        torch.testing.assert_close(got[name], g, atol=1e-8, rtol=1e-6, msg=name)
+
+
+def _naive_with_grad(model, batch, temperature):
+    T = batch["responses"].shape[1]
+    logits = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"].long(),
+        position_ids=batch["position_ids"],
+    ).logits[:, -T - 1 : -1]
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    return (
+        logp_all.gather(-1, batch["responses"][..., None]).squeeze(-1),
+        -(logp_all.exp() * logp_all).sum(-1),
+    )
+
+
+def test_trim_cuts_padding_columns(batch):
+    trimmed = trim_batch(batch)
+    # Longest prompt uses all 7 columns; longest response 5 of 6: one column cut.
+    assert trimmed.input_ids.shape == (5, 12)
+    assert (trimmed.start, trimmed.kept, trimmed.response_length) == (6, 5, 6)
+    short = batch.index([1, 2, 4])  # prompts of 3, 5, 4 tokens; responses of 2, 0, 1
+    trimmed = trim_batch(short)
+    assert trimmed.input_ids.shape == (3, 7)  # 2 prompt columns and 4 response columns cut
+    assert (trimmed.start, trimmed.kept) == (4, 2)
+    assert torch.equal(trimmed.labels, short["responses"][:, :2])
+
+
+def test_position_ids_are_derived_when_absent(qwen_dir, batch):
+    model = load_causal_lm(qwen_dir)
+    with_pos, _ = compute_log_probs(model, batch, 5)
+    without, _ = compute_log_probs(
+        model, batch.select("input_ids", "attention_mask", "responses"), 5
+    )
+    torch.testing.assert_close(with_pos, without, atol=0, rtol=0)
+
+
+def test_bad_input(qwen_dir, batch):
+    model = load_causal_lm(qwen_dir)
+    with pytest.raises(ValueError, match="micro_batch_size"):
+        compute_log_probs(model, batch, 0)
+    with pytest.raises(ValueError, match="responses"):
+        compute_log_probs(model, batch.select("input_ids", "attention_mask"), 2)

@@ -1,0 +1,109 @@
+"""LoRA: the reference is the adapter-disabled actor; save, load and merge adapters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmrl.models import (
+    apply_lora,
+    build_reference,
+    compute_log_probs,
+    export_merged,
+    forward_log_probs,
+    is_lora,
+    load_causal_lm,
+    load_lora,
+    merge_lora,
+    save_lora,
+)
+
+
+def perturb_adapter(model, seed=0):
+    """A nonzero adapter update, as after a few optimizer steps (PEFT starts B at zero)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+
+
+@pytest.fixture
+def lora_actor(qwen_dir):
+    return apply_lora(load_causal_lm(qwen_dir), lora_rank=4, lora_alpha=8)
+
+
+def test_all_linear_layers_adapted_and_only_the_adapter_trains(lora_actor):
+    adapted = {
+        n.split(".lora_A")[0].rsplit(".", 1)[-1]
+        for n, _ in lora_actor.named_parameters()
+        if "lora_A" in n
+    }
+    assert adapted == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    trainable = [n for n, p in lora_actor.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+
+
+def test_reference_is_the_base_model_and_shares_its_weights(qwen_dir, lora_actor, batch):
+    base = load_causal_lm(qwen_dir)
+    base_logp, _ = compute_log_probs(base, batch, 2, temperature=0.7)
+    ref = build_reference(lora_actor, path="/ignored/with/lora")
+    assert ref.model is lora_actor  # no second copy
+    fresh_actor, _ = compute_log_probs(lora_actor, batch, 2, temperature=0.7)
+    torch.testing.assert_close(fresh_actor, base_logp, atol=1e-6, rtol=0)  # B = 0 at start
+    perturb_adapter(lora_actor)
+    actor_logp, _ = compute_log_probs(lora_actor, batch, 2, temperature=0.7)
+    ref_logp, _ = ref.compute_log_probs(batch, 3, temperature=0.7)
+    torch.testing.assert_close(ref_logp, base_logp, atol=1e-6, rtol=0)
+    mask = batch["response_mask"]
+    assert (actor_logp - base_logp)[mask].abs().max() > 1e-2
+    # The adapter is back on after the reference pass.
+    again, _ = compute_log_probs(lora_actor, batch, 5, temperature=0.7)
+    torch.testing.assert_close(again, actor_logp, atol=1e-6, rtol=0)
+
+
+def test_gradient_reaches_the_adapter_through_the_fused_head(lora_actor, batch):
+    perturb_adapter(lora_actor)
+    lora_actor.train()
+    logp, _ = forward_log_probs(lora_actor, batch)
+    logp[batch["response_mask"]].sum().backward()
+    grads = {n: p.grad for n, p in lora_actor.named_parameters() if p.requires_grad}
+    assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
+
+
+def test_frozen_copy_reference_without_lora(qwen_dir, batch):
+    actor = load_causal_lm(qwen_dir)
+    ref = build_reference(actor)
+    assert ref.model is not actor and not ref.model.training
+    assert not any(p.requires_grad for p in ref.model.parameters())
+    with torch.no_grad():
+        actor.lm_head.weight.add_(0.1)  # training the actor leaves the copy alone
+    ref_logp, _ = ref.compute_log_probs(batch, 5)
+    base_logp, _ = compute_log_probs(load_causal_lm(qwen_dir), batch, 5)
+    torch.testing.assert_close(ref_logp, base_logp, atol=0, rtol=0)
+
+
+def test_save_load_and_merge(qwen_dir, lora_actor, batch, tmp_path):
+    perturb_adapter(lora_actor, seed=1)
+    want, _ = compute_log_probs(lora_actor, batch, 5)
+    save_lora(lora_actor, tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    loaded = load_lora(load_causal_lm(qwen_dir), tmp_path / "adapter")
+    assert is_lora(loaded)
+    torch.testing.assert_close(compute_log_probs(loaded, batch, 5)[0], want, atol=1e-6, rtol=0)
+
+    merged = merge_lora(lora_actor)
+    assert not is_lora(merged) and is_lora(lora_actor)  # the actor itself is untouched
+    torch.testing.assert_close(compute_log_probs(merged, batch, 5)[0], want, atol=1e-5, rtol=0)
+    out = export_merged(lora_actor, tmp_path / "merged")
+    exported = load_causal_lm(out)
+    torch.testing.assert_close(compute_log_probs(exported, batch, 5)[0], want, atol=1e-5, rtol=0)
+
+
+def test_lora_bad_arguments(qwen_dir, lora_actor, tmp_path):
+    with pytest.raises(ValueError, match="lora_rank"):
+        apply_lora(load_causal_lm(qwen_dir), lora_rank=0)
+    with pytest.raises(ValueError, match="already"):
+        apply_lora(lora_actor, lora_rank=2)
+    with pytest.raises(FileNotFoundError, match="adapter"):
+        load_lora(load_causal_lm(qwen_dir), tmp_path / "nothing")

@@ -1,0 +1,256 @@
+"""Tests of the ``hf`` engine on a tiny Qwen2 model built locally."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmrl.models import apply_lora, build_tiny_model, compute_log_probs, load_causal_lm
+from lmrl.rollout import HFEngine, SamplingParams
+from lmrl.rollout.hf import _truncate
+
+EOS, PAD = 258, 256
+TEXTS = ["hello", "a", "what is 2+2?"]
+
+
+def test_output_layout_shapes_and_dtypes(model, tokenizer, encode):
+    prompts = encode(TEXTS, data_source=["d0", "d1", "d2"], extra_info=[{"i": i} for i in range(3)])
+    prompts.meta["step"] = 3
+    out = HFEngine(model, tokenizer).generate(
+        prompts, n=2, sampling=SamplingParams(max_new_tokens=6, seed=0)
+    )
+    P, T = prompts["input_ids"].shape[1], out["responses"].shape[1]
+    assert len(out) == 6 and 1 <= T <= 6
+    expected = {
+        "prompts": ((6, P), torch.long),
+        "responses": ((6, T), torch.long),
+        "input_ids": ((6, P + T), torch.long),
+        "attention_mask": ((6, P + T), torch.bool),
+        "position_ids": ((6, P + T), torch.long),
+        "response_mask": ((6, T), torch.bool),
+        "rollout_log_probs": ((6, T), torch.float32),
+    }
+    for key, (shape, dtype) in expected.items():
+        assert tuple(out[key].shape) == shape and out[key].dtype == dtype, key
+        assert not out[key].is_inference(), key  # usable by autograd later
+    assert torch.equal(out["prompts"], prompts["input_ids"].repeat_interleave(2, dim=0))
+    assert torch.equal(out["input_ids"], torch.cat([out["prompts"], out["responses"]], dim=1))
+    prompt_mask = prompts["attention_mask"].repeat_interleave(2, dim=0)
+    assert torch.equal(out["attention_mask"], torch.cat([prompt_mask, out["response_mask"]], 1))
+    # position_ids = cumsum(mask) - 1 clipped at 0: "a" (1 token, left-padded) starts at 0
+    assert torch.equal(
+        out["position_ids"], (out["attention_mask"].long().cumsum(1) - 1).clamp(min=0)
+    )
+    assert out["position_ids"][2, P - 1].item() == 0 and out["position_ids"][2, P].item() == 1
+    assert out["data_source"].tolist() == ["d0", "d0", "d1", "d1", "d2", "d2"]
+    assert out["extra_info"][3] == {"i": 1}
+    uid = out["uid"].tolist()  # made per prompt: shared within a group, distinct across
+    assert uid[0] == uid[1] and uid[2] == uid[3] and uid[4] == uid[5] and len(set(uid)) == 3
+    assert out.meta == {"step": 3, "temperature": 1.0}
+    lp, mask = out["rollout_log_probs"], out["response_mask"]
+    assert (lp[~mask] == 0).all() and (lp[mask] < 0).all()
+    assert (out["responses"][~mask] == PAD).all()
+
+
+def test_masks_end_at_first_eos(model, tokenizer, encode, logit_bias):
+    bias = torch.zeros(model.config.vocab_size)
+    bias[EOS] = 4.5  # EOS about one step in four
+    with logit_bias(model, bias):
+        out = HFEngine(model, tokenizer).generate(
+            encode(TEXTS), n=4, sampling=SamplingParams(max_new_tokens=10, seed=1)
+        )
+    responses, mask = out["responses"], out["response_mask"]
+    lengths = mask.sum(1)
+    assert lengths.min() < lengths.max() and responses.shape[1] == lengths.max() <= 10
+    ended_early = 0
+    for row in range(len(out)):
+        is_eos = (responses[row] == EOS) | (responses[row] == PAD)
+        if is_eos.any():
+            first = int(is_eos.nonzero()[0])
+            assert mask[row].tolist() == [i <= first for i in range(responses.shape[1])]
+            assert responses[row, first] == EOS  # the pad id is an EOS id too, never sampled here
+            assert (responses[row, first + 1 :] == PAD).all()
+            ended_early += 1
+        else:  # no EOS: ran to max_new_tokens
+            assert mask[row].all() and responses.shape[1] == 10
+    assert ended_early > 0
+
+
+def test_max_new_tokens_cuts_without_eos(model, tokenizer, encode):
+    out = HFEngine(model, tokenizer, eos_token_ids=[10_000]).generate(
+        encode(TEXTS), sampling=SamplingParams(max_new_tokens=3, seed=0)
+    )
+    assert out["responses"].shape == (3, 3) and out["response_mask"].all()
+
+
+def test_stop_strings(model, tokenizer, encode, logit_bias):
+    bias = torch.full((model.config.vocab_size,), -1e4)
+    bias[ord("a") : ord("z") + 1] = 0.0  # letters only: one character per token
+    engine = HFEngine(model, tokenizer)
+    prompts = encode([*TEXTS, "xyz"])
+    with logit_bias(model, bias):
+        free = engine.generate(prompts, sampling=SamplingParams(max_new_tokens=24, seed=3))
+        texts = tokenizer.batch_decode(free["responses"])
+        stop = texts[0][6:8]
+        stopped = engine.generate(
+            prompts, sampling=SamplingParams(max_new_tokens=24, seed=3, stop=[stop, "#"])
+        )
+    for row, text in enumerate(texts):
+        at = text.find(stop)
+        length = at + len(stop) if at >= 0 else 24
+        assert stopped["response_mask"][row].sum().item() == length, (row, text, stop)
+        kept = stopped["responses"][row, :length]
+        assert torch.equal(kept, free["responses"][row, :length])  # same draws until the stop
+        if at >= 0:
+            assert tokenizer.decode(kept).endswith(stop)
+    assert stopped["response_mask"][0].sum() <= 8
+
+
+def test_n_samples_grouped_by_uid(model, tokenizer, encode):
+    prompts = encode(TEXTS[:2], uid=["p0", "p1"])
+    out = HFEngine(model, tokenizer).generate(
+        prompts, n=3, sampling=SamplingParams(max_new_tokens=8, seed=0)
+    )
+    assert out["uid"].tolist() == ["p0", "p0", "p0", "p1", "p1", "p1"]
+    for g in range(2):
+        rows = out["prompts"][3 * g : 3 * g + 3]
+        assert (rows == prompts["input_ids"][g]).all()
+        samples = {tuple(r) for r in out["responses"][3 * g : 3 * g + 3].tolist()}
+        assert len(samples) == 3  # sampled, so the group's samples differ
+
+
+def test_greedy_is_deterministic_and_argmax(model, tokenizer, encode):
+    engine = HFEngine(model, tokenizer)
+    greedy = SamplingParams(do_sample=False, temperature=0, max_new_tokens=8)
+    a = engine.generate(encode(TEXTS), n=2, sampling=greedy)
+    b = engine.generate(encode(TEXTS), n=2, sampling=greedy)
+    assert torch.equal(a["responses"], b["responses"])
+    assert torch.equal(a["responses"][0::2], a["responses"][1::2])  # both samples the same
+    # the first token is the argmax of a plain forward pass
+    ids, mask = encode(TEXTS)["input_ids"], encode(TEXTS)["attention_mask"]
+    pos = (mask.long().cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask.long(), position_ids=pos).logits[:, -1]
+    assert torch.equal(a["responses"][0::2, 0], logits.argmax(-1))
+    # top_k=1 and a tiny top_p both leave only the argmax
+    for sampling in (
+        SamplingParams(top_k=1, max_new_tokens=8),
+        SamplingParams(top_p=1e-6, max_new_tokens=8),
+    ):
+        c = engine.generate(encode(TEXTS), n=2, sampling=sampling)
+        assert torch.equal(c["responses"], a["responses"])
+
+
+def test_seeds_reproduce_and_global_rng_untouched(model, tokenizer, encode):
+    engine = HFEngine(model, tokenizer)
+    rng = torch.get_rng_state()
+
+    def sample(seed):
+        params = SamplingParams(max_new_tokens=8, seed=seed, top_p=0.9, top_k=50)
+        return engine.generate(encode(TEXTS), n=2, sampling=params)["responses"]
+
+    assert torch.equal(sample(7), sample(7))
+    assert not torch.equal(sample(7), sample(8))
+    # without a seed the engine's own generator moves on from call to call
+    own = HFEngine(model, tokenizer, seed=5)
+    first = own.generate(encode(TEXTS), sampling=SamplingParams(max_new_tokens=8))["responses"]
+    second = own.generate(encode(TEXTS), sampling=SamplingParams(max_new_tokens=8))["responses"]
+    again = HFEngine(model, tokenizer, seed=5).generate(
+        encode(TEXTS), sampling=SamplingParams(max_new_tokens=8)
+    )
+    assert not torch.equal(first, second) and torch.equal(first, again["responses"])
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_rollout_log_probs_equal_a_full_forward(model, tokenizer, encode):
+    """Naive reference: log_softmax(logits / temperature) of one full forward, gathered."""
+    sampling = SamplingParams(temperature=0.7, top_p=0.8, top_k=40, max_new_tokens=8, seed=2)
+    out = HFEngine(model, tokenizer).generate(encode(TEXTS), n=2, sampling=sampling)
+    P = out["prompts"].shape[1]
+    with torch.no_grad():
+        logits = model(
+            input_ids=out["input_ids"],
+            attention_mask=out["attention_mask"].long(),
+            position_ids=out["position_ids"],
+        ).logits[:, P - 1 : -1]
+    ref = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, out["responses"][..., None])[
+        ..., 0
+    ]
+    mask = out["response_mask"]
+    torch.testing.assert_close(out["rollout_log_probs"][mask], ref[mask], atol=1e-4, rtol=0)
+    assert out.meta["temperature"] == 0.7
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_rollout_log_probs_equal_compute_log_probs(model, tokenizer, encode, lora):
+    if lora:  # a PEFT-wrapped actor with a non-zero adapter
+        model = apply_lora(model, lora_rank=4)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    sampling = SamplingParams(temperature=0.7, top_k=30, max_new_tokens=8, seed=4)
+    out = HFEngine(model, tokenizer).generate(encode(TEXTS), n=2, sampling=sampling)
+    log_probs, _ = compute_log_probs(model, out, micro_batch_size=4, temperature=0.7)
+    mask = out["response_mask"]
+    assert log_probs.shape == mask.shape
+    torch.testing.assert_close(out["rollout_log_probs"][mask], log_probs[mask], atol=1e-4, rtol=0)
+    assert (out["rollout_log_probs"][~mask] == 0).all()
+
+
+def test_left_padding_gives_the_prompt_alone_continuation(model, tokenizer, encode):
+    engine = HFEngine(model, tokenizer)
+    greedy = SamplingParams(do_sample=False, max_new_tokens=10)
+    together = engine.generate(encode(TEXTS), sampling=greedy)
+    for row, text in enumerate(TEXTS):
+        alone = engine.generate(encode([text]), sampling=greedy)
+        length = alone["response_mask"][0].sum()
+        assert together["response_mask"][row].sum() == length
+        assert torch.equal(together["responses"][row, :length], alone["responses"][0, :length])
+
+
+def test_micro_batches_and_given_position_ids_change_nothing(model, tokenizer, encode):
+    greedy = SamplingParams(do_sample=False, max_new_tokens=6)
+    prompts = encode(TEXTS)
+    full = HFEngine(model, tokenizer).generate(prompts, n=2, sampling=greedy)
+    pieces = HFEngine(model, tokenizer, micro_batch_size=4).generate(prompts, n=2, sampling=greedy)
+    prompts["position_ids"] = (prompts["attention_mask"].long().cumsum(1) - 1).clamp(min=0)
+    with_pos = HFEngine(model, tokenizer).generate(prompts, n=2, sampling=greedy)
+    for other in (pieces, with_pos):
+        for key in ("responses", "response_mask", "position_ids", "attention_mask"):
+            assert torch.equal(other[key], full[key]), key
+        torch.testing.assert_close(other["rollout_log_probs"], full["rollout_log_probs"])
+
+
+def test_train_flags_restored(model, tokenizer, encode):
+    model.train()
+    model.model.layers[0].eval()  # a mixed state must come back as it was
+    flags = [m.training for m in model.modules()]
+    HFEngine(model, tokenizer).generate(
+        encode(TEXTS[:1]), sampling=SamplingParams(max_new_tokens=2)
+    )
+    assert [m.training for m in model.modules()] == flags
+
+
+def test_sync_weights_loads_the_actor(model, tokenizer, encode, tiny_dir, tmp_path):
+    other = load_causal_lm(build_tiny_model(tmp_path, seed=1)).eval()
+    greedy = SamplingParams(do_sample=False, max_new_tokens=8)
+    engine = HFEngine(other, tokenizer)
+    reference = HFEngine(model, tokenizer).generate(encode(TEXTS), sampling=greedy)
+    assert not torch.equal(
+        engine.generate(encode(TEXTS), sampling=greedy)["responses"], reference["responses"]
+    )
+    engine.sync_weights(model.state_dict())
+    assert torch.equal(
+        engine.generate(encode(TEXTS), sampling=greedy)["responses"], reference["responses"]
+    )
+
+
+def test_truncate_by_hand():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]])  # softmax ~ [0.644, 0.237, 0.087, 0.032]
+    inf = float("-inf")
+    assert _truncate(logits, top_k=2, top_p=1.0).tolist() == [[3.0, 2.0, inf, inf]]
+    assert _truncate(logits, top_k=-1, top_p=0.5).tolist() == [[3.0, inf, inf, inf]]
+    assert _truncate(logits, top_k=0, top_p=0.7).tolist() == [[3.0, 2.0, inf, inf]]
+    assert _truncate(logits, top_k=3, top_p=0.95).tolist() == [[3.0, 2.0, 1.0, inf]]
+    assert _truncate(logits, top_k=10, top_p=1.0).tolist() == logits.tolist()
