@@ -130,3 +130,18 @@ def test_agg_loss_micro_batch_invariance(seed, mode, pieces):
         total += part.detach()
     torch.testing.assert_close(total, whole.detach())
     torch.testing.assert_close(split_x.grad, whole_x.grad)
+
+
+def test_public_names_are_not_shadowed_by_submodules():
+    """Importing a submodule binds its name on the package: no export may share one."""
+    import importlib
+    import types
+
+    from lmrl import algos
+
+    for module in ("advantages", "agg", "kl", "logprob", "losses", "masked", "registry",
+                   "rollout_correction", "value"):  # fmt: skip
+        importlib.import_module(f"lmrl.algos.{module}")
+    for name in algos.__all__:
+        assert not isinstance(getattr(algos, name), types.ModuleType), name
+    assert algos.policy_losses.get("vanilla") is not None

@@ -246,7 +246,7 @@ def test_a_registry_module_that_does_not_exist_yet_is_skipped(monkeypatch):
     real = importlib.import_module
 
     def import_module(name, *args):
-        if name == "lmrl.algos.policy_losses":
+        if name == "lmrl.algos.losses":
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return real(name, *args)
 

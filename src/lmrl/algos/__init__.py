@@ -43,7 +43,7 @@ _EXPORTS = {
     "masked_sum": "masked",
     "masked_var": "masked",
     "masked_whiten": "masked",
-    "policy_losses": "policy_losses",
+    "policy_losses": "losses",
     "ALIASES": "registry",
     "Registry": "registry",
     "rollout_importance_weights": "rollout_correction",

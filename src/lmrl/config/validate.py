@@ -170,7 +170,7 @@ class _Checks:
         adv = _registry("lmrl.algos.advantages", "advantage_estimators")
         if adv is not None:
             self._name("algorithm.adv_estimator", c.algorithm.adv_estimator, adv)
-        losses = _registry("lmrl.algos.policy_losses", "policy_losses")
+        losses = _registry("lmrl.algos.losses", "policy_losses")
         if losses is not None:
             self._name("actor.policy_loss.loss_mode", c.actor.policy_loss.loss_mode, losses)
         kl = _registry("lmrl.algos.kl", "kl_estimators")

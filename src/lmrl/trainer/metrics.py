@@ -59,11 +59,14 @@ METRICS: dict[str, str] = {
 class StageTimer:
     """Wall-clock seconds per named stage: ``with timer("gen"): ...`` -> ``timing_s/gen``."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_enter=None) -> None:
         self.seconds: dict[str, float] = {}
+        self.on_enter = on_enter  # called with the stage name as it starts
 
     @contextmanager
     def __call__(self, name: str) -> Iterator[None]:
+        if self.on_enter is not None:
+            self.on_enter(name)
         start = time.perf_counter()
         try:
             yield

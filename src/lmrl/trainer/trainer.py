@@ -19,7 +19,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import random
+import signal
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +43,15 @@ from lmrl.models.critic import load_critic
 from lmrl.models.lora import apply_lora
 from lmrl.rewards import load_reward_fn, make_reward_manager
 from lmrl.rollout import SamplingParams, build_engine
+from lmrl.trainer.checkpoint import (
+    check_checkpoint,
+    latest_checkpoint,
+    load_model_state,
+    load_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from lmrl.trainer.metrics import StageTimer, data_metrics, throughput, to_floats
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
@@ -154,6 +166,7 @@ class Trainer:
         )
         self.global_step = 0
         self.metrics_path = self.run_dir / "metrics.jsonl"
+        self._resume()
 
     # ------------------------------------------------------------------ building
     def _dataset(self, files) -> RLDataset:
@@ -196,7 +209,7 @@ class Trainer:
     def step(self) -> dict[str, float]:
         """One training step; returns its metrics as floats."""
         cfg = self.cfg
-        timer = StageTimer()
+        timer = StageTimer(on_enter=_fault_point)
         metrics: dict = {}
         with timer("step"):
             # 1-2. rollout and reward (DAPO dynamic sampling may loop over both)
@@ -374,14 +387,23 @@ class Trainer:
 
     # ----------------------------------------------------------------------- fit
     def fit(self) -> list[dict[str, float]]:
-        """Run ``total_steps`` steps, logging each to ``metrics.jsonl`` and the console."""
+        """Run the remaining steps: log each, checkpoint every ``save_freq`` steps and at the
+        end. SIGINT or SIGTERM finishes the current step, saves and returns."""
         history = []
         start = time.perf_counter()
-        while self.global_step < self.total_steps:
-            metrics = self.step()
-            history.append(metrics)
-            self._log(metrics)
-        log.info("trained %d steps in %.1fs", self.total_steps, time.perf_counter() - start)
+        with _StopOnSignal() as stop:
+            while self.global_step < self.total_steps and not stop.requested:
+                metrics = self.step()
+                history.append(metrics)
+                self._log(metrics)
+                freq = self.cfg.trainer.save_freq
+                if freq > 0 and self.global_step % freq == 0:
+                    self.save_checkpoint()
+            if stop.requested:
+                log.warning("signal %s: saving a checkpoint and exiting", stop.requested)
+        if self._last_saved != self.global_step:
+            self.save_checkpoint()
+        log.info("ran %d steps in %.1fs", len(history), time.perf_counter() - start)
         self.close()
         return history
 
@@ -397,6 +419,110 @@ class Trainer:
     def close(self) -> None:
         """Stop the reward workers."""
         self.reward_fn.close()
+
+    # ---------------------------------------------------------------- checkpoints
+    def _models(self) -> dict[str, torch.nn.Module]:
+        models = {"actor": self.actor.model}
+        if self.critic is not None:
+            models["critic"] = self.critic.model
+        return models
+
+    def state_dict(self) -> dict:
+        """Everything but the weights that a resumed run needs to continue exactly."""
+        state = {
+            "global_step": self.global_step,
+            "actor": self.actor.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+        }
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        if self.kl_ctrl is not None:
+            state["kl_ctrl"] = self.kl_ctrl.state_dict()
+        return state
+
+    def save_checkpoint(self) -> Path:
+        path = save_checkpoint(
+            self.run_dir, self.global_step, self._models(), self.state_dict(),
+            self.cfg.trainer.max_ckpt_to_keep, before_manifest=lambda: _fault_point("save"),
+        )  # fmt: skip
+        self._last_saved = self.global_step
+        log.info("checkpoint saved: %s", path)
+        return path
+
+    def _resume(self) -> None:
+        """``trainer.resume_mode``: auto (latest complete checkpoint of the run dir, if any),
+        disable, or a checkpoint path."""
+        self._last_saved = -1
+        mode = self.cfg.trainer.resume_mode
+        if mode == "disable":
+            return
+        if mode == "auto":
+            path = latest_checkpoint(self.run_dir)
+            if path is None:
+                return
+        else:
+            path = Path(mode)
+            problem = check_checkpoint(path)
+            if problem:
+                raise ValueError(f"trainer.resume_mode={mode}: not a usable checkpoint: {problem}")
+        state = load_state(path)
+        for name, model in self._models().items():
+            load_model_state(model, path / f"{name}.safetensors")
+        self.actor.load_state_dict(state["actor"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state["critic"])
+        if self.kl_ctrl is not None:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.global_step = self._last_saved = int(state["global_step"])
+        self._truncate_metrics(self.global_step)
+        log.info("resumed from %s at step %d", path, self.global_step)
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop metric lines past ``step`` (written by the killed run after its checkpoint)."""
+        if not self.metrics_path.exists():
+            return
+        lines = self.metrics_path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+        self.metrics_path.write_text("".join(kept))
+
+
+class _StopOnSignal:
+    """Within the block, SIGINT/SIGTERM set ``requested`` instead of killing the process."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous: dict = {}
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = signal.Signals(signum).name
+
+    def __enter__(self) -> _StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _fault_point(name: str) -> None:
+    """Testing hook: ``LMRL_FAULT=<stage>@<n>`` SIGKILLs the process the n-th time the stage
+    named ``<stage>`` starts (stages: gen, reward, old_log_prob, ref, values, adv,
+    update_critic, update_actor, save). Used to prove exact resume after a hard kill."""
+    spec = os.environ.get("LMRL_FAULT")
+    if not spec or not spec.startswith(f"{name}@"):
+        return
+    _FAULT_COUNTS[name] = _FAULT_COUNTS.get(name, 0) + 1
+    if _FAULT_COUNTS[name] == int(spec.split("@", 1)[1]):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_FAULT_COUNTS: dict[str, int] = {}
 
 
 def concat_rollouts(batches: list[Batch], pad_id: int) -> Batch:

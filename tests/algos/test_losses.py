@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmrl.algos.agg import LOSS_AGG_MODES, AggNorm, agg_loss
-from lmrl.algos.policy_losses import policy_losses
+from lmrl.algos.losses import policy_losses
 
 METRIC_KEYS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
 

@@ -1,0 +1,197 @@
+"""Checkpoints that a run killed at any moment resumes from, exactly.
+
+A checkpoint is a directory ``global_step_<N>`` in the run directory holding everything that
+changes during training: model weights as safetensors (``actor.safetensors``,
+``critic.safetensors``), and ``state.pt`` with the optimizers, schedulers, shuffling RNGs, KL
+controller, data sampler position, the global RNG states and the step counter. Nothing is
+loaded with plain pickle: ``state.pt`` is read with ``torch.load(weights_only=True)``.
+
+Writes are atomic: everything goes into ``.global_step_<N>.tmp``, each file is fsynced, a
+``manifest.json`` with every file's size and SHA-256 is written last, and only then is the
+directory renamed into place. A checkpoint without a manifest, or whose files do not match
+it, is corrupt: ``latest_checkpoint`` skips it (with a warning) for the previous good one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+log = logging.getLogger("lmrl.trainer")
+
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+# ---------------------------------------------------------------------- RNG state
+
+
+def rng_state() -> dict[str, Any]:
+    """The global RNG states (python, numpy, torch CPU and CUDA) as tensors and plain data."""
+    np_state = np.random.get_state()
+    state = {
+        "python": _to_plain(random.getstate()),
+        "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_to_tuple(state["python"]))
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to_plain(x):
+    return [_to_plain(v) for v in x] if isinstance(x, tuple | list) else x
+
+
+def _to_tuple(x):
+    return tuple(_to_tuple(v) for v in x) if isinstance(x, list) else x
+
+
+# -------------------------------------------------------------------------- files
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer, contiguous and detached (tied weights saved once each)."""
+    seen: dict[int, str] = {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if tensor.data_ptr() in seen:
+            continue  # safetensors refuses shared storage; the tie is restored on load
+        seen[tensor.data_ptr()] = name
+        out[name] = tensor.detach().contiguous().cpu()
+    return out
+
+
+def load_model_state(model: torch.nn.Module, path: Path) -> None:
+    """Load weights saved by `model_state` (strict: every saved tensor must land)."""
+    state = load_file(path)
+    current = model.state_dict()
+    saved_ptrs = {current[n].data_ptr() for n in state if n in current}
+    tied = {n for n, t in current.items() if n not in state and t.data_ptr() in saved_ptrs}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected:
+        raise ValueError(f"{path}: tensors the model does not have: {unexpected[:5]}")
+    if set(missing) - tied:
+        raise ValueError(f"{path}: the checkpoint lacks {sorted(set(missing) - tied)[:5]}")
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    models: dict[str, torch.nn.Module],
+    state: dict[str, Any],
+    max_to_keep: int | None = None,
+    before_manifest=None,
+) -> Path:
+    """Write ``run_dir/global_step_<step>`` atomically; prune old ones beyond ``max_to_keep``.
+
+    Args:
+        models: name -> module; each saved as ``<name>.safetensors``.
+        state: tensors and plain Python data (no arbitrary objects), saved as ``state.pt``.
+        max_to_keep: keep only the newest this many checkpoints (None = all).
+        before_manifest: called once the data files are written, before the manifest (a
+            testing hook: a crash there must leave no usable checkpoint behind).
+    """
+    run_dir = Path(run_dir)
+    final = run_dir / f"global_step_{step}"
+    tmp = run_dir / f".global_step_{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, model in models.items():
+        save_file(model_state(model), tmp / f"{name}.safetensors")
+    torch.save(state, tmp / "state.pt")
+    files = sorted(p for p in tmp.iterdir() if p.is_file())
+    for p in files:
+        _fsync(p)
+    if before_manifest is not None:
+        before_manifest()
+    manifest = {"step": step, "files": {p.name: [p.stat().st_size, _sha256(p)] for p in files}}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    _fsync(tmp / MANIFEST)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(run_dir)
+    if max_to_keep:
+        for old in list_checkpoints(run_dir)[:-max_to_keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """``global_step_<N>`` directories of ``run_dir``, oldest first (validity not checked)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if (m := _STEP_DIR.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def check_checkpoint(path: Path) -> str | None:
+    """None if ``path`` is a complete checkpoint, else what is wrong with it."""
+    manifest_path = Path(path) / MANIFEST
+    if not manifest_path.is_file():
+        return "no manifest (an interrupted save)"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (ValueError, KeyError) as err:
+        return f"unreadable manifest: {err}"
+    for name, (size, digest) in files.items():
+        p = Path(path) / name
+        if not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != size or _sha256(p) != digest:
+            return f"{name} does not match its manifest (truncated or corrupt)"
+    return None
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint in ``run_dir``; corrupt ones are skipped with a warning."""
+    for path in reversed(list_checkpoints(run_dir)):
+        problem = check_checkpoint(path)
+        if problem is None:
+            return path
+        log.warning("skipping checkpoint %s: %s", path, problem)
+    return None
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """``state.pt`` of a checkpoint, loaded with ``weights_only=True``."""
+    return torch.load(Path(path) / "state.pt", weights_only=True, map_location="cpu")
