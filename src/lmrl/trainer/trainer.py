@@ -17,7 +17,6 @@ registries (``advantage_estimators.needs``) and the config's switches.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import random
@@ -36,8 +35,9 @@ from lmrl.algos import (
     rollout_importance_weights,
 )
 from lmrl.batch import Batch
-from lmrl.config import Config, save_config
+from lmrl.config import Config, config_to_dict, save_config
 from lmrl.data import PromptSampler, RLDataset
+from lmrl.logging import make_trackers
 from lmrl.models import build_reference, load_causal_lm, load_tokenizer
 from lmrl.models.critic import load_critic
 from lmrl.models.lora import apply_lora
@@ -53,6 +53,7 @@ from lmrl.trainer.checkpoint import (
     set_rng_state,
 )
 from lmrl.trainer.metrics import StageTimer, data_metrics, throughput, to_floats
+from lmrl.trainer.validation import validation_metrics
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
 
@@ -165,8 +166,16 @@ class Trainer:
             else None
         )
         self.global_step = 0
-        self.metrics_path = self.run_dir / "metrics.jsonl"
         self._resume()
+        self.tracker = make_trackers(
+            cfg.trainer.logger,
+            self.run_dir,
+            cfg.trainer.project_name,
+            cfg.trainer.experiment_name,
+            config_dict=config_to_dict(cfg),
+            total_steps=self.total_steps,
+            start_step=self.global_step,
+        )
 
     # ------------------------------------------------------------------ building
     def _dataset(self, files) -> RLDataset:
@@ -385,19 +394,59 @@ class Trainer:
             )
         return np.nan_to_num(np.asarray(extras[name], dtype=np.float64))
 
+    # ------------------------------------------------------------------ validation
+    def validate(self) -> dict[str, float]:
+        """Generate on the validation prompts with ``rollout.val_kwargs`` and score them.
+
+        Returns:
+            Per data source ``val/<source>/mean@k``, ``pass@k``, ``reward/mean`` and ``acc``
+            (when the scorer reports one), ``k = val_kwargs.n``; empty without val files.
+        """
+        if self.val_data is None:
+            return {}
+        vk = self.cfg.rollout.val_kwargs
+        sampling = SamplingParams(
+            temperature=vk.temperature if vk.do_sample else (vk.temperature or 1.0),
+            top_p=vk.top_p,
+            top_k=vk.top_k,
+            max_new_tokens=self.cfg.data.max_response_length,
+            do_sample=vk.do_sample,
+            stop=list(self.cfg.rollout.stop),
+            seed=self.cfg.trainer.seed,
+        )
+        size = self.cfg.data.val_batch_size or len(self.val_data)
+        sources, uids, scores, accs = [], [], [], []
+        for start in range(0, len(self.val_data), size):
+            indices = list(range(start, min(start + size, len(self.val_data))))
+            out = self.engine.generate(self.val_data.get_batch(indices), vk.n, sampling)
+            result = self.reward_fn(out)
+            sources += list(out["data_source"])
+            uids += list(out["uid"])
+            scores += result.token_level_scores.sum(-1).tolist()
+            accs += list(result.extras["acc"]) if "acc" in result.extras else []
+        return validation_metrics(sources, uids, scores, accs or None, k=vk.n)
+
     # ----------------------------------------------------------------------- fit
     def fit(self) -> list[dict[str, float]]:
-        """Run the remaining steps: log each, checkpoint every ``save_freq`` steps and at the
-        end. SIGINT or SIGTERM finishes the current step, saves and returns."""
+        """Run the remaining steps: log each, validate every ``test_freq`` steps (and before
+        the first and after the last), checkpoint every ``save_freq`` steps and at the end.
+        SIGINT or SIGTERM finishes the current step, saves and returns."""
+        t = self.cfg.trainer
         history = []
         start = time.perf_counter()
+        if t.val_before_train and self.global_step == 0 and self.val_data is not None:
+            self.tracker.log(self.validate(), step=0)
         with _StopOnSignal() as stop:
             while self.global_step < self.total_steps and not stop.requested:
                 metrics = self.step()
+                last = self.global_step == self.total_steps
+                if self.val_data is not None and (last or _every(t.test_freq, self.global_step)):
+                    metrics |= self.validate()
                 history.append(metrics)
-                self._log(metrics)
-                freq = self.cfg.trainer.save_freq
-                if freq > 0 and self.global_step % freq == 0:
+                self.tracker.log(metrics, step=self.global_step)
+                if _every(t.log_generations_freq, self.global_step):
+                    self.tracker.log_generations(self._generation_rows(), step=self.global_step)
+                if _every(t.save_freq, self.global_step):
                     self.save_checkpoint()
             if stop.requested:
                 log.warning("signal %s: saving a checkpoint and exiting", stop.requested)
@@ -407,18 +456,25 @@ class Trainer:
         self.close()
         return history
 
-    def _log(self, metrics: dict[str, float]) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps({"step": self.global_step, **metrics}) + "\n")
-        keys = ("critic/score/mean", "actor/pg_loss", "actor/entropy", "response_length/mean",
-                "timing_s/step")  # fmt: skip
-        shown = "  ".join(f"{k.split('/')[-2] if k.endswith('mean') else k.split('/')[-1]}="
-                          f"{metrics[k]:.4g}" for k in keys if k in metrics)  # fmt: skip
-        print(f"step {self.global_step}/{self.total_steps}  {shown}", flush=True)
+    def _generation_rows(self, limit: int = 8) -> list[dict]:
+        """Prompt, response and score of the first samples of the last step's batch."""
+        batch = self.last_batch.index(slice(0, limit))
+        decode = self.tokenizer.batch_decode
+        prompts = decode(batch["prompts"], skip_special_tokens=True)
+        responses = [
+            self.tokenizer.decode(ids[mask], skip_special_tokens=True)
+            for ids, mask in zip(batch["responses"], batch["response_mask"], strict=True)
+        ]
+        scores = batch["token_level_scores"].sum(-1).tolist()
+        return [
+            {"prompt": p, "response": r, "score": sc, "data_source": src}
+            for p, r, sc, src in zip(prompts, responses, scores, batch["data_source"], strict=True)
+        ]
 
     def close(self) -> None:
-        """Stop the reward workers."""
+        """Stop the reward workers and close the trackers."""
         self.reward_fn.close()
+        self.tracker.close()
 
     # ---------------------------------------------------------------- checkpoints
     def _models(self) -> dict[str, torch.nn.Module]:
@@ -477,16 +533,7 @@ class Trainer:
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.global_step = self._last_saved = int(state["global_step"])
-        self._truncate_metrics(self.global_step)
         log.info("resumed from %s at step %d", path, self.global_step)
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metric lines past ``step`` (written by the killed run after its checkpoint)."""
-        if not self.metrics_path.exists():
-            return
-        lines = self.metrics_path.read_text().splitlines(keepends=True)
-        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
-        self.metrics_path.write_text("".join(kept))
 
 
 class _StopOnSignal:
@@ -508,6 +555,11 @@ class _StopOnSignal:
     def __exit__(self, *exc) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def _every(freq: int, step: int) -> bool:
+    """``freq > 0`` and ``step`` is a multiple of it (the config's "<= 0 = never" rule)."""
+    return freq > 0 and step % freq == 0
 
 
 def _fault_point(name: str) -> None:

@@ -1,0 +1,277 @@
+"""``lmrl plot RUN_DIR``: one PNG of a run's training curves, drawn from ``metrics.jsonl``.
+
+Six panels over steps: reward (train score and acc, validation reward as points),
+validation (acc, mean@k, pass@k per data source), response length (mean with its min-max
+band, clip ratio on a second axis), KL (ppo_kl, kl_loss, reward_kl_penalty), entropy and
+clipfrac. A panel without data says "no data" rather than staying blank, so a missing metric
+is visible. Optional smoothing is TensorBoard's debiased exponential moving average, drawn over
+the faint raw curve.
+
+The figure is built with ``matplotlib.figure.Figure`` and the Agg canvas directly, never
+pyplot, so plotting changes no global backend state and needs no display.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+log = logging.getLogger(__name__)
+
+Series = dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (steps, values), sorted by step
+
+FIGSIZE = (12.0, 8.0)  # inches
+DPI = 110  # -> 1320 x 880 pixels
+_VAL = re.compile(r"^val/(?P<source>.+?)/(?P<name>acc|mean@\d+|pass@\d+|reward/mean)$")
+
+
+def load_metrics(path: str | Path) -> Series:
+    """Read a ``metrics.jsonl`` into one ``(steps, values)`` series per metric.
+
+    A step logged twice (a resumed run, or validation logged after the step's own metrics)
+    keeps the last value of each key; ``null`` values are skipped. A last line cut short (a
+    run killed mid-write) is ignored; any other line that is not a JSON object with a
+    ``"step"`` is an error naming the file and line.
+
+    Args:
+        path: the ``metrics.jsonl`` file.
+
+    Returns:
+        Metric name -> ``(steps, values)``, two float arrays of shape ``(S,)`` sorted by step.
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    by_key: dict[str, dict[int, float]] = {}
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if lineno == len(lines):
+                log.warning("%s: ignoring the truncated last line %d", path, lineno)
+                continue
+            raise ValueError(f"{path}:{lineno}: not a JSON line ({err})") from err
+        if not isinstance(record, dict) or not isinstance(record.get("step"), (int, float)):
+            raise ValueError(f"{path}:{lineno}: expected a JSON object with a numeric 'step'")
+        step = int(record["step"])
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                by_key.setdefault(key, {})[step] = float(value)
+    series: Series = {}
+    for key, points in by_key.items():
+        steps = np.array(sorted(points), dtype=float)
+        series[key] = (steps, np.array([points[int(s)] for s in steps], dtype=float))
+    return series
+
+
+def ema(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's smoothing: debiased exponential moving average, NaNs carried over.
+
+    Args:
+        values: ``(S,)`` the raw curve.
+        weight: in ``[0, 1)``; 0 returns ``values`` unchanged.
+
+    Returns:
+        ``(S,)`` the smoothed curve.
+    """
+    if not 0.0 <= weight < 1.0:
+        raise ValueError(f"smooth must be in [0, 1), got {weight}")
+    out = np.empty_like(values, dtype=float)
+    last, debias = 0.0, 0.0
+    for i, v in enumerate(values):
+        if math.isfinite(v):
+            last = last * weight + (1 - weight) * v
+            debias = debias * weight + (1 - weight)
+        out[i] = last / debias if debias > 0 else math.nan
+    return out
+
+
+class _Panel:
+    """One axes: lines, points and bands drawn from the series that exist."""
+
+    def __init__(self, ax: Axes, series: Series, smooth: float, title: str, ylabel: str) -> None:
+        self.ax, self.series, self.smooth = ax, series, smooth
+        self.drawn = 0
+        ax.set_title(title, fontsize=11, fontweight="bold")
+        ax.set_xlabel("step")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3, linewidth=0.6)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+    def line(self, key: str, label: str, ax: Axes | None = None, **style) -> bool:
+        if key not in self.series:
+            return False
+        ax = ax or self.ax
+        steps, values = self.series[key]
+        marker = "o" if len(steps) <= 40 else None
+        if self.smooth > 0 and len(steps) > 2:
+            (raw,) = ax.plot(steps, values, alpha=0.25, linewidth=1, **style)
+            style = {**style, "color": raw.get_color()}
+            ax.plot(steps, ema(values, self.smooth), label=label, linewidth=1.8, **style)
+        else:
+            ax.plot(steps, values, label=label, linewidth=1.6, marker=marker, markersize=3, **style)
+        self.drawn += 1
+        return True
+
+    def band(self, low_key: str, high_key: str, color: str | None = None) -> None:
+        if low_key in self.series and high_key in self.series:
+            (s_lo, lo), (s_hi, hi) = self.series[low_key], self.series[high_key]
+            if np.array_equal(s_lo, s_hi) and len(s_lo) > 1:
+                self.ax.fill_between(s_lo, lo, hi, alpha=0.12, color=color, linewidth=0)
+
+    def points(self, key: str, label: str, **style) -> None:
+        if key in self.series:
+            steps, values = self.series[key]
+            self.ax.plot(steps, values, linestyle="--", marker="D", markersize=6, linewidth=1,
+                         label=label, **style)  # fmt: skip
+            self.drawn += 1
+
+    def finish(self, extra_handles_from: Axes | None = None) -> None:
+        if not self.drawn:
+            self.ax.text(0.5, 0.5, "no data", transform=self.ax.transAxes, ha="center",
+                         va="center", fontsize=13, color="0.55")  # fmt: skip
+            self.ax.set_yticks([])
+            self.ax.set_xticks([])
+            return
+        handles, labels = self.ax.get_legend_handles_labels()
+        if extra_handles_from is not None:
+            h2, l2 = extra_handles_from.get_legend_handles_labels()
+            handles, labels = handles + h2, labels + l2
+        if handles:
+            self.ax.legend(handles, labels, fontsize=8, loc="best", framealpha=0.85)
+
+
+def _val_keys(series: Series) -> dict[str, dict[str, str]]:
+    """source -> {metric name (acc, mean@4, pass@4, reward/mean) -> key}, sources sorted."""
+    out: dict[str, dict[str, str]] = {}
+    for key in sorted(series):
+        match = _VAL.match(key)
+        if match:
+            out.setdefault(match["source"], {})[match["name"]] = key
+    return out
+
+
+def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
+    """The six-panel figure of a run's series (see the module docstring).
+
+    Args:
+        series: from :func:`load_metrics`.
+        title: the figure's title.
+        smooth: EMA weight in ``[0, 1)``; 0 = raw curves.
+
+    Returns:
+        The figure, ``FIGSIZE`` inches at ``DPI``.
+    """
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
+    axes = fig.subplots(2, 3)
+    val = _val_keys(series)
+
+    p = _Panel(axes[0, 0], series, smooth, "Reward", "score")
+    # no min-max band here: with 0/1 rewards it is the whole [0, 1] strip at every step
+    p.line("critic/score/mean", "train score (mean)", color="C0")
+    if "critic/rewards/mean" in series and not np.allclose(
+        series["critic/rewards/mean"][1], series.get("critic/score/mean", (None, np.nan))[1]
+    ):
+        p.line("critic/rewards/mean", "train reward (after KL penalty)", color="C1")
+    p.line("reward/acc/mean", "train acc", color="C2")
+    for i, (source, names) in enumerate(val.items()):
+        name = "reward/mean" if "reward/mean" in names else "acc" if "acc" in names else None
+        if name is not None:
+            p.points(names[name], f"val {source} {name.replace('/mean', '')}", color=f"C{3 + i}")
+    p.finish()
+
+    p = _Panel(axes[0, 1], series, smooth, "Validation", "score / accuracy")
+    styles = {"acc": ("-", "o"), "mean@": ("--", "s"), "pass@": (":", "^")}
+    for i, (source, names) in enumerate(val.items()):
+        for name, key in names.items():
+            if name == "reward/mean":
+                continue
+            ls, marker = next(v for k, v in styles.items() if name.startswith(k))
+            steps, values = series[key]
+            p.ax.plot(steps, values, linestyle=ls, marker=marker, markersize=5, color=f"C{i}",
+                      label=f"{source} {name}")  # fmt: skip
+            p.drawn += 1
+    p.finish()
+
+    p = _Panel(axes[0, 2], series, smooth, "Response length", "tokens")
+    p.band("response_length/min", "response_length/max", color="C0")
+    p.line("response_length/mean", "mean (min-max band)", color="C0")
+    twin = None
+    if "response_length/clip_ratio" in series:
+        twin = p.ax.twinx()
+        twin.set_ylabel("clip ratio")
+        twin.set_ylim(-0.02, 1.02)
+        p.line("response_length/clip_ratio", "clip ratio (right axis)", ax=twin, color="C3",
+               linestyle="--")  # fmt: skip
+    p.finish(extra_handles_from=twin)
+
+    p = _Panel(axes[1, 0], series, smooth, "KL", "KL")
+    p.line("actor/ppo_kl", "ppo_kl (old -> new policy)", color="C0")
+    p.line("actor/kl_loss", "kl_loss (policy || ref)", color="C1")
+    p.line("actor/reward_kl_penalty", "reward_kl_penalty", color="C2")
+    p.finish()
+
+    p = _Panel(axes[1, 1], series, smooth, "Entropy", "nats / token")
+    p.line("actor/entropy", "actor entropy", color="C4")
+    p.finish()
+
+    p = _Panel(axes[1, 2], series, smooth, "Clip fraction", "fraction of tokens")
+    p.line("actor/pg_clipfrac", "pg_clipfrac", color="C5")
+    p.line("actor/pg_clipfrac_lower", "pg_clipfrac_lower (dual clip)", color="C6")
+    if p.drawn:
+        p.ax.set_ylim(bottom=0)
+    p.finish()
+
+    if title:
+        fig.suptitle(title, fontsize=13)
+    return fig
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None, smooth: float = 0.0) -> Path:
+    """Draw ``RUN_DIR/metrics.jsonl`` into a PNG.
+
+    Args:
+        run_dir: a run directory (``trainer.default_local_dir``) holding ``metrics.jsonl``.
+        out: the image to write; None = ``RUN_DIR/plot.png``. The suffix picks the format.
+        smooth: EMA weight in ``[0, 1)`` for the training curves; 0 = raw.
+
+    Returns:
+        The path written.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` or its ``metrics.jsonl`` does not exist.
+        ValueError: ``metrics.jsonl`` holds no metrics, or a malformed line.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: RUN_DIR must be a run directory of lmrl train "
+            "(trainer.default_local_dir), which holds metrics.jsonl"
+        )
+    series = load_metrics(path)
+    if not series:
+        raise ValueError(f"{path} holds no metrics yet")
+    steps = sorted({int(s) for xs, _ in series.values() for s in xs})
+    title = f"{run_dir.resolve().name}: steps {steps[0]}-{steps[-1]}"
+    if smooth > 0:
+        title += f" (smoothing {smooth:g})"
+    fig = draw_run(series, title=title, smooth=smooth)
+    out = Path(out) if out is not None else run_dir / "plot.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out
+
+
+__all__ = ["DPI", "FIGSIZE", "draw_run", "ema", "load_metrics", "plot_run"]

@@ -1,0 +1,106 @@
+"""``lmrl plot``: a PNG of the expected size from a recorded run, clear errors otherwise."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmrl.cli import main
+from lmrl.logging.plot import DPI, FIGSIZE, draw_run, ema, load_metrics, plot_run
+
+RECORDED = Path(__file__).parent / "data" / "grpo_digits"  # 15 steps of `lmrl train`, GRPO
+PANELS = ["Reward", "Validation", "Response length", "KL", "Entropy", "Clip fraction"]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the PNG header; fails on anything that is not a PNG."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def no_data_panels(fig) -> list[str]:
+    return [
+        ax.get_title() for ax in fig.axes
+        if any(t.get_text() == "no data" for t in ax.texts)
+    ]  # fmt: skip
+
+
+def test_plot_command_on_a_recorded_run(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(RECORDED, run_dir)
+    assert main(["plot", str(run_dir)]) == 0
+    out = run_dir / "plot.png"
+    assert f"plot written to {out}" in capsys.readouterr().out
+    assert png_size(out) == (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))
+
+    fig = draw_run(load_metrics(run_dir / "metrics.jsonl"))
+    assert [ax.get_title() for ax in fig.axes[:6]] == PANELS
+    assert no_data_panels(fig) == ["Validation"]  # validation is not in this recording
+
+
+def test_plot_synthetic_run_with_validation_and_smoothing(synthetic_run, tmp_path):
+    out = plot_run(synthetic_run, out=tmp_path / "img" / "curves.png", smooth=0.6)
+    assert out == tmp_path / "img" / "curves.png"
+    assert png_size(out) == (1320, 880)
+    fig = draw_run(load_metrics(synthetic_run / "metrics.jsonl"))
+    assert no_data_panels(fig) == []
+    val_ax = fig.axes[1]
+    assert [line.get_label() for line in val_ax.get_lines()] == [
+        "digits acc", "digits mean@4", "digits pass@4"
+    ]  # fmt: skip
+    steps, acc = load_metrics(synthetic_run / "metrics.jsonl")["val/digits/acc"]
+    assert steps.tolist() == [0, 10, 20, 30, 40, 50, 60]
+    assert acc[0] == 0.1 and np.all(np.diff(acc) > 0)
+    reward_labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert "val digits reward" in reward_labels and "train score (mean)" in reward_labels
+
+
+def test_empty_panels_say_no_data():
+    fig = draw_run({"actor/entropy": (np.array([1.0, 2.0]), np.array([2.0, 1.9]))})
+    assert no_data_panels(fig) == [p for p in PANELS if p != "Entropy"]
+
+
+def test_missing_metrics_is_a_clear_error(tmp_path, capsys):
+    with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl not found"):
+        plot_run(tmp_path)
+    assert main(["plot", str(tmp_path)]) == 2
+    assert "lmrl plot: error:" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        plot_run(tmp_path / "nope")
+    (tmp_path / "metrics.jsonl").write_text("")
+    with pytest.raises(ValueError, match="holds no metrics"):
+        plot_run(tmp_path)
+
+
+def test_load_metrics_last_value_wins_and_bad_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(
+        '{"step": 2, "a": 1.0, "b": null}\n'
+        '{"step": 1, "a": 0.5, "flag": true}\n'
+        '{"step": 2, "a": 3.0}\n'
+        '{"step": 3, "a"'  # cut short by a kill: ignored
+    )
+    series = load_metrics(path)
+    assert list(series) == ["a"]
+    assert series["a"][0].tolist() == [1.0, 2.0] and series["a"][1].tolist() == [0.5, 3.0]
+
+    path.write_text('{"step": 1, "a": 1}\nnot json\n{"step": 2, "a": 2}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line"):
+        load_metrics(path)
+    path.write_text('{"a": 1}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl:1: .*'step'"):
+        load_metrics(path)
+
+
+def test_ema_by_hand():
+    # w = 0.5: (0.5 * 1) / 0.5 = 1; (0.25 + 0) / 0.75 = 1/3; NaN keeps the last value
+    np.testing.assert_allclose(ema(np.array([1.0, 0.0, np.nan]), 0.5), [1.0, 1 / 3, 1 / 3])
+    np.testing.assert_array_equal(ema(np.array([3.0, 4.0]), 0.0), [3.0, 4.0])
+    with pytest.raises(ValueError, match="smooth"):
+        ema(np.array([1.0]), 1.0)
