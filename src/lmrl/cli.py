@@ -53,6 +53,68 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sft(args: argparse.Namespace) -> int:
+    import logging
+
+    from lmrl.config.sft import format_sft_help, load_sft_config
+
+    if args.help:
+        print(
+            "usage: lmrl sft [--config FILE.yaml] key=value ...\n\n"
+            "Supervised fine-tuning (the warm start before RL). Its output directory "
+            "RUN_DIR/final is a\nmodel path for `lmrl train model.path=...`. The keys, their "
+            "defaults and docs follow.\n"
+        )
+        print(format_sft_help())
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cfg = load_sft_config(args.config, args.overrides)  # every config error before any model
+    from lmrl.trainer.sft import SFTTrainer
+
+    trainer = SFTTrainer(cfg)
+    trainer.fit()
+    print(f"run directory: {trainer.run_dir}\nmodel: {trainer.final_dir}")
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from lmrl.logging.plot import plot_run
+
+    path = plot_run(args.run_dir, args.out, smooth=args.smooth)
+    print(f"plot written to {path}")
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import json
+    import logging
+
+    from lmrl.config import load_config
+    from lmrl.trainer.checkpoint import latest_checkpoint
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    path = args.path
+    checkpoint = latest_checkpoint(path) if (path / "config.yaml").exists() else path
+    if checkpoint is None or not (checkpoint.parent / "config.yaml").exists():
+        raise FileNotFoundError(
+            f"{path} is neither a run directory with a checkpoint nor a checkpoint "
+            "(global_step_N) inside one"
+        )
+    cfg = load_config(
+        checkpoint.parent / "config.yaml",
+        [f"trainer.resume_mode={checkpoint}", *args.overrides],
+    )
+    from lmrl.trainer.trainer import Trainer
+
+    trainer = Trainer(cfg, evaluate_only=True)
+    if trainer.val_data is None:
+        raise ValueError("no validation data: set data.val_files=...")
+    metrics = trainer.validate()
+    trainer.reward_fn.close()
+    print(json.dumps({"checkpoint": str(checkpoint), **metrics}, indent=1))
+    return 0
+
+
 TRAIN_USAGE = """usage: lmrl train [--config FILE.yaml] key=value ...
 
 Train a policy with RL. Keys in lmrl's layout (actor.clip_ratio=0.2) or verl's
@@ -72,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=_train)
 
+    p = sub.add_parser("eval", help="validation alone on a checkpoint")
+    p.add_argument(
+        "path", type=Path, help="a run directory (its latest checkpoint) or a checkpoint"
+    )
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. rollout.val_kwargs.n=4")
+    p.set_defaults(func=_eval)
+
+    p = sub.add_parser("sft", help="supervised fine-tuning (warm start)", add_help=False)
+    p.add_argument("--config", type=Path, default=None, help="a YAML config (ours or verl's)")
+    p.add_argument("-h", "--help", action="store_true", help="list every SFT config key")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=_sft)
+
     p = sub.add_parser("tiny-model", help="build a small model and tokenizer locally")
     p.add_argument("out_dir", type=Path)
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
@@ -86,6 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-train", type=int, default=None)
     p.add_argument("--num-test", type=int, default=None)
     p.set_defaults(func=_tasks)
+
+    p = sub.add_parser("plot", help="draw a run's metrics.jsonl as a PNG (RUN_DIR/plot.png)")
+    p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory of lmrl train")
+    p.add_argument("--out", type=Path, default=None, help="image path (default RUN_DIR/plot.png)")
+    p.add_argument("--smooth", type=float, default=0.0, help="EMA weight in [0, 1); 0 = raw")
+    p.set_defaults(func=_plot)
     return parser
 
 
@@ -97,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, ImportError) as err:
         print(f"lmrl {args.command}: error: {err}", file=sys.stderr)
         return 2
 

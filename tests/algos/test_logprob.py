@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from lmrl.algos.logprob import full_kl_from_logits, log_probs_from_hidden, log_probs_from_logits
 
@@ -198,3 +199,43 @@ def test_bad_input_names_the_argument():
         log_probs_from_hidden(torch.randn(B, T, H), torch.randn(V, H + 1), None, labels)
     with pytest.raises(ValueError, match="bias"):
         log_probs_from_hidden(torch.randn(B, T, H), torch.randn(V, H), torch.randn(V + 1), labels)
+
+
+class LargestFloat32Output(TorchDispatchMode):
+    """Records the largest number of elements of any fp32 tensor an aten op outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+@pytest.mark.parametrize("fn", ["hidden", "logits", "kl"])
+def test_no_fp32_rows_by_vocab_tensor_in_forward_or_backward(fn):
+    """Only one chunk (8 of 64 rows) of fp32 (rows, V) values ever exists; the logits path's
+    one full-size tensor is its gradient, in the logits' own dtype (bf16 here)."""
+    vocab, width, chunk = 1000, 4, 8
+    g = torch.Generator().manual_seed(8)
+    labels = torch.randint(0, vocab, (4, 16), generator=g)
+    hidden = torch.randn(4, 16, width, generator=g, requires_grad=True)
+    weight = torch.randn(vocab, width, generator=g, requires_grad=True)
+    logits = torch.randn(4, 16, vocab, generator=g).to(torch.bfloat16).requires_grad_(True)
+    mode = LargestFloat32Output()
+    with mode:
+        if fn == "hidden":
+            logp, ent = log_probs_from_hidden(hidden, weight, None, labels, 0.7, True, chunk)
+            (logp.sum() + ent.sum()).backward()
+        elif fn == "logits":
+            logp, ent = log_probs_from_logits(logits, labels, 0.7, True, chunk)
+            (logp.sum() + ent.sum()).backward()
+        else:
+            full_kl_from_logits(logits, logits.detach() * 0.5, 0.7, chunk).sum().backward()
+    # One chunk of fp32 logits, or the (V, H) fp32 weight gradient, whichever is larger.
+    assert mode.largest == max(chunk * vocab, vocab * width if fn == "hidden" else 0)
+    assert logits.grad is None or logits.grad.dtype == torch.bfloat16

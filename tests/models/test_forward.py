@@ -98,3 +98,14 @@ def test_bad_input(qwen_dir, batch):
         compute_log_probs(model, batch, 0)
     with pytest.raises(ValueError, match="responses"):
         compute_log_probs(model, batch.select("input_ids", "attention_mask"), 2)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(qwen_dir, batch):
+    grads = []
+    for checkpointing in (False, True):
+        model = load_causal_lm(qwen_dir, gradient_checkpointing=checkpointing).train()
+        logp, ent = forward_log_probs(model, batch, temperature=0.7, with_entropy=True)
+        (logp.sum() - 0.01 * ent.sum()).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, atol=1e-6, rtol=1e-5, msg=name)

@@ -176,7 +176,7 @@ def forward_log_probs(
             optionally ``position_ids`` (B, P+T).
         temperature: the sampling temperature the logits are divided by.
         with_entropy: also return the per-token entropy of ``softmax(logits / temperature)``.
-        chunk_size: rows per chunk in :mod:`lmrl.algos.logprob` (default ~32 MB of fp32).
+        chunk_size: rows per chunk in :mod:`lmrl.algos.logprob` (default ~64 MB of fp32).
 
     Returns:
         ``(log_probs, entropy)``: (B, T) fp32 on the model's device, 0 at padded response

@@ -80,15 +80,18 @@ class Trainer:
 
     Args:
         cfg: a config from ``lmrl.config.load_config`` (resolved and validated).
+        evaluate_only: build for ``validate()`` alone (``lmrl eval``): the run directory is
+            read, never written (no config, no trackers, no checkpoints).
     """
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, *, evaluate_only: bool = False) -> None:
         self.cfg = cfg
         seed_everything(cfg.trainer.seed)
         self.device = resolve_device(cfg.trainer.device)
         self.run_dir = Path(cfg.trainer.default_local_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir / "config.yaml")
+        if not evaluate_only:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.yaml")
 
         self.tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
         self.train_data = self._dataset(cfg.data.train_files)
@@ -167,6 +170,8 @@ class Trainer:
         )
         self.global_step = 0
         self._resume()
+        if evaluate_only:
+            return
         self.tracker = make_trackers(
             cfg.trainer.logger,
             self.run_dir,
