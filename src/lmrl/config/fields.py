@@ -1,8 +1,9 @@
 """Reading the schema: every key's dotted path, type and help; converting values to a type.
 
 ``schema()`` walks the ``Config`` dataclasses once and lists every dotted path (sections and
-leaves) with its resolved type annotation and help text. ``coerce`` turns a value parsed from
-YAML or the command line into a field's type, or raises ``Mismatch`` saying what was expected.
+leaves) with its resolved type annotation and help text (``schema(SFTConfig)``: the same for
+another root type). ``coerce`` turns a value parsed from YAML or the command line into a
+field's type, or raises ``Mismatch`` saying what was expected.
 
 The choice this module makes: conversion is strict where a mistake is likely and lenient
 where YAML is: ``1e-6`` (a string to PyYAML) is a float, ``4.0`` is an int, a bare value
@@ -40,8 +41,9 @@ class FieldSpec:
 
 
 @functools.cache
-def schema() -> dict[str, FieldSpec]:
-    """Every dotted path of ``Config``, sections before their keys, in declaration order."""
+def schema(root: type = Config) -> dict[str, FieldSpec]:
+    """Every dotted path of ``root`` (``Config`` by default), sections before their keys, in
+    declaration order."""
     out: dict[str, FieldSpec] = {}
 
     def walk(cls: type, prefix: str) -> None:
@@ -56,13 +58,13 @@ def schema() -> dict[str, FieldSpec]:
             else:
                 out[path] = FieldSpec(path, tp, f.metadata.get("help", ""), section=False)
 
-    walk(Config, "")
+    walk(root, "")
     return out
 
 
-def leaf_paths() -> list[str]:
-    """The dotted paths of all leaf keys."""
-    return [p for p, spec in schema().items() if not spec.section]
+def leaf_paths(root: type = Config) -> list[str]:
+    """The dotted paths of all leaf keys of ``root``."""
+    return [p for p, spec in schema(root).items() if not spec.section]
 
 
 def get_path(cfg: Any, path: str) -> Any:

@@ -11,6 +11,10 @@ problems found are raised together as one ``ConfigError``; nothing loads a model
 Notices (verl keys that change nothing here, harmless oddities) go to the
 ``lmrl.config`` logger at WARNING level, one line each, and to ``notices`` when a list is
 given.
+
+The same machinery loads another root config type (``lmrl sft``'s ``SFTConfig``): a
+``ConfigKind`` names its root dataclass, its verl translation, and its resolve and validate
+steps; ``load_config(..., kind=...)`` takes it, and ``RL_CONFIG`` (``Config``) is the default.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import difflib
 import logging
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_origin
@@ -34,12 +38,39 @@ from lmrl.config.fields import get_path as _get
 from lmrl.config.fields import set_path as _set
 from lmrl.config.schema import Config
 from lmrl.config.validate import resolve_config, validate_config
-from lmrl.config.verl import translate, verl_spellings
+from lmrl.config.verl import Translation, translate, verl_spellings
 
 logger = logging.getLogger("lmrl.config")
 
 #: keys ``load_config`` insists on by default (a training run needs both)
 REQUIRED_FOR_TRAINING = ("model.path", "data.train_files")
+
+
+@dataclass(frozen=True)
+class ConfigKind:
+    """What the loader needs to know about one root config type.
+
+    Attributes:
+        root: the root dataclass (``Config``, ``SFTConfig``).
+        translate: ``translate(key, value) -> Translation`` (its verl key table).
+        spellings: ``spellings(path) -> [verl spellings]`` for did-you-mean suggestions.
+        resolve: ``resolve(cfg) -> cfg`` (types converted, derived defaults filled).
+        validate: ``validate(cfg, notices=list)``; raises ``ConfigError``.
+        command: the command that loads it (named in help hints and saved files).
+    """
+
+    root: type
+    translate: Callable[[str, Any], Translation]
+    spellings: Callable[[str], list[str]]
+    resolve: Callable[[Any], Any]
+    validate: Callable[..., None]
+    command: str
+
+
+#: the RL training config (``lmrl train``)
+RL_CONFIG = ConfigKind(
+    Config, translate, verl_spellings, resolve_config, validate_config, "lmrl train"
+)
 
 
 @dataclass(frozen=True)
@@ -58,6 +89,7 @@ def load_config(
     *,
     required: Sequence[str] = REQUIRED_FOR_TRAINING,
     notices: list[str] | None = None,
+    kind: ConfigKind = RL_CONFIG,
 ) -> Config:
     """Build the run's config from the defaults, a YAML file and command-line overrides.
 
@@ -70,8 +102,9 @@ def load_config(
         required: dotted keys that must not be null (default: ``model.path`` and
             ``data.train_files``; pass ``()`` for a config that does not train).
         notices: if given, one-line notices are appended to it (they are logged regardless).
+        kind: the root config type to build (default ``RL_CONFIG``: a ``Config``).
     Returns:
-        The resolved, validated ``Config``.
+        The resolved, validated ``Config`` (an instance of ``kind.root``).
     Raises:
         ConfigError: every problem found (unreadable file, malformed override, unknown key,
             wrong type, unknown registry name, inconsistent batch sizes...), each naming the
@@ -80,15 +113,15 @@ def load_config(
     layers: list[list[_Entry]] = []
     errors: list[str] = []
     if config_file is not None:
-        layers.append(_flatten(_read_yaml(Path(config_file)), f"in {config_file}"))
+        layers.append(_flatten(_read_yaml(Path(config_file)), f"in {config_file}", kind))
     layer: list[_Entry] = []
     for text in overrides:
         try:
-            layer.extend(parse_override(text))
+            layer.extend(parse_override(text, kind))
         except ConfigError as err:
             errors.extend(err.errors)
     layers.append(layer)
-    return _finish(layers, errors, required, notices)
+    return _finish(layers, errors, required, notices, kind)
 
 
 def config_from_dict(
@@ -97,6 +130,7 @@ def config_from_dict(
     *,
     required: Sequence[str] = (),
     notices: list[str] | None = None,
+    kind: ConfigKind = RL_CONFIG,
 ) -> Config:
     """``load_config`` for a nested dict (our layout or verl's) instead of a file.
 
@@ -105,8 +139,9 @@ def config_from_dict(
         overrides: ``key=value`` strings applied after ``data``.
         required: dotted keys that must not be null.
         notices: if given, notices are appended to it.
+        kind: the root config type to build (default ``RL_CONFIG``).
     Returns:
-        The resolved, validated ``Config``.
+        The resolved, validated ``Config`` (an instance of ``kind.root``).
     Raises:
         ConfigError: as ``load_config``.
     """
@@ -114,10 +149,11 @@ def config_from_dict(
     layer: list[_Entry] = []
     for text in overrides:
         try:
-            layer.extend(parse_override(text))
+            layer.extend(parse_override(text, kind))
         except ConfigError as err:
             errors.extend(err.errors)
-    return _finish([_flatten(data, "in the given dict"), layer], errors, required, notices)
+    layers = [_flatten(data, "in the given dict", kind), layer]
+    return _finish(layers, errors, required, notices, kind)
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
@@ -125,18 +161,19 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
-def save_config(cfg: Config, path: str | Path) -> Path:
+def save_config(cfg: Config, path: str | Path, command: str = "lmrl train") -> Path:
     """Write the config as YAML (atomically: a temp file, then a rename).
 
     Args:
         cfg: the config, normally the resolved one ``load_config`` returned.
         path: the file to write; parent directories are created.
+        command: the command named in the file's header comment.
     Returns:
         The path written. ``load_config(path, [])`` gives back an equal config.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = "# lmrl resolved config: load it with `lmrl train --config THIS_FILE`\n"
+    text = f"# lmrl resolved config: load it with `{command} --config THIS_FILE`\n"
     text += yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
     fd, tmp = tempfile.mkstemp(prefix=".config-", suffix=".yaml", dir=path.parent)
     try:
@@ -149,7 +186,7 @@ def save_config(cfg: Config, path: str | Path) -> Path:
     return path
 
 
-def parse_override(text: str) -> list[_Entry]:
+def parse_override(text: str, kind: ConfigKind = RL_CONFIG) -> list[_Entry]:
     """Split one command-line ``key=value`` (a mapping value gives several entries).
 
     Raises:
@@ -172,7 +209,7 @@ def parse_override(text: str) -> list[_Entry]:
         value = raw
     if not _is_plain(value):
         value = raw
-    return _expand(key, value, "on the command line", raw)
+    return _expand(key, value, "on the command line", kind, raw)
 
 
 # ------------------------------------------------------------------------------------------
@@ -240,25 +277,27 @@ def _resolve_interpolations(data: Mapping[str, Any], path: Path) -> Mapping[str,
         ) from None
 
 
-def _flatten(data: Mapping[str, Any], source: str) -> list[_Entry]:
+def _flatten(data: Mapping[str, Any], source: str, kind: ConfigKind) -> list[_Entry]:
     """A nested mapping -> leaf entries."""
     out: list[_Entry] = []
     for k, v in data.items():
-        out.extend(_expand(str(k), v, source))
+        out.extend(_expand(str(k), v, source, kind))
     return out
 
 
-def _expand(key: str, value: Any, source: str, raw: str | None = None) -> list[_Entry]:
+def _expand(
+    key: str, value: Any, source: str, kind: ConfigKind, raw: str | None = None
+) -> list[_Entry]:
     """One key -> leaf entries, descending into mappings until a schema key takes a mapping."""
     if not isinstance(value, Mapping):
         return [_Entry(key, value, raw, source)]
-    target = translate(key, value).path
-    spec = schema().get(target) if target is not None else None
+    target = kind.translate(key, value).path
+    spec = schema(kind.root).get(target) if target is not None else None
     if spec is not None and not spec.section:  # a mapping-valued key (reward_kwargs)
         return [_Entry(key, dict(value), raw, source)]
     out: list[_Entry] = []
     for k, v in value.items():
-        out.extend(_expand(f"{key}.{k}", v, source))
+        out.extend(_expand(f"{key}.{k}", v, source, kind))
     return out
 
 
@@ -267,24 +306,25 @@ def _finish(
     errors: list[str],
     required: Iterable[str],
     notices: list[str] | None,
+    kind: ConfigKind,
 ) -> Config:
     found: list[str] = []
-    cfg = _build(layers, errors, found)
+    cfg = _build(layers, errors, found, kind)
     if errors:
         _emit(found, notices)
         raise ConfigError(errors)
     missing = []
     for path in required:
         if _get(cfg, path) is None:
-            verl = verl_spellings(path)
+            verl = kind.spellings(path)
             alias = f" (verl: {verl[0]}=...)" if verl else ""
             missing.append(
                 f"{path} is not set: give {path}=...{alias} on the command line or in the "
                 "config file"
             )
     try:
-        cfg = resolve_config(cfg)
-        validate_config(cfg, notices=found)
+        cfg = kind.resolve(cfg)
+        kind.validate(cfg, notices=found)
     except ConfigError as err:
         _emit(found, notices)
         raise ConfigError(missing + err.errors) from None
@@ -294,13 +334,15 @@ def _finish(
     return cfg
 
 
-def _build(layers: list[list[_Entry]], errors: list[str], found: list[str]) -> Config:
-    cfg = Config()
-    spec = schema()
+def _build(
+    layers: list[list[_Entry]], errors: list[str], found: list[str], kind: ConfigKind
+) -> Config:
+    cfg = kind.root()
+    spec = schema(kind.root)
     for layer in layers:
         seen: dict[str, tuple[_Entry, Any]] = {}
         for entry in layer:
-            tr = translate(entry.key, entry.value)
+            tr = kind.translate(entry.key, entry.value)
             where = f" ({entry.source})"
             if tr.error:
                 errors.append(tr.error + where)
@@ -311,18 +353,18 @@ def _build(layers: list[list[_Entry]], errors: list[str], found: list[str]) -> C
             path = tr.path
             mapped = f" (lmrl key {path!r})" if path != entry.key else ""
             if path not in spec:
-                holder = _mapping_holder(path)
+                holder = _mapping_holder(path, kind.root)
                 if holder is not None:  # reward_kwargs.scale=2: one item of a mapping key
                     item = dict(_get(cfg, holder))
                     item[path[len(holder) + 1 :]] = tr.value
                     _set(cfg, holder, item)
                     continue
-                errors.append(_unknown_key(entry, path) + where)
+                errors.append(_unknown_key(entry, path, kind) + where)
                 continue
             if spec[path].section:
                 if tr.value is None:  # an empty section in YAML (`critic:`) sets nothing
                     continue
-                first = next(p for p in leaf_paths() if p.startswith(path + "."))
+                first = next(p for p in leaf_paths(kind.root) if p.startswith(path + "."))
                 errors.append(
                     f"{entry.key}{mapped} is a section, not a value; set its keys, "
                     f"e.g. {first}=...{where}"
@@ -355,9 +397,9 @@ def _build(layers: list[list[_Entry]], errors: list[str], found: list[str]) -> C
     return cfg
 
 
-def _mapping_holder(path: str) -> str | None:
+def _mapping_holder(path: str, root: type) -> str | None:
     """The mapping-valued schema key that ``path`` lies inside, if any."""
-    spec = schema()
+    spec = schema(root)
     parts = path.split(".")
     for i in range(len(parts) - 1, 0, -1):
         prefix = ".".join(parts[:i])
@@ -366,23 +408,23 @@ def _mapping_holder(path: str) -> str | None:
     return None
 
 
-def _unknown_key(entry: _Entry, path: str) -> str:
+def _unknown_key(entry: _Entry, path: str, kind: ConfigKind) -> str:
     mapped = f" (lmrl key {path!r})" if path != entry.key else ""
-    leaves = leaf_paths()
+    leaves = leaf_paths(kind.root)
     candidates = list(leaves)
     for leaf in leaves:
-        candidates.extend(verl_spellings(leaf))
+        candidates.extend(kind.spellings(leaf))
     close = difflib.get_close_matches(path, candidates, n=1, cutoff=0.6)
     if not close and path != entry.key:
         close = difflib.get_close_matches(entry.key, candidates, n=1, cutoff=0.6)
     if close:
         return f"unknown key {entry.key!r}{mapped}; did you mean {close[0]!r}?"
     section = path.rsplit(".", 1)[0] if "." in path else ""
-    spec = schema()
+    spec = schema(kind.root)
     if section in spec and spec[section].section:
         keys = [p.rsplit(".", 1)[1] for p in leaves if p.rsplit(".", 1)[0] == section]
         return f"unknown key {entry.key!r}{mapped}; the keys of {section} are: {', '.join(keys)}"
-    return f"unknown key {entry.key!r}{mapped}; `lmrl train --help` lists every key"
+    return f"unknown key {entry.key!r}{mapped}; `{kind.command} --help` lists every key"
 
 
 def _emit(found: list[str], notices: list[str] | None) -> None:

@@ -1,0 +1,382 @@
+"""The configuration of ``lmrl sft``: supervised fine-tuning before RL (the warm start).
+
+``SFTConfig`` has four sections: ``data`` (the files, their layout, lengths and batch sizes),
+``model`` (the RL schema's ``ModelConfig``), ``optim`` (the RL ``OptimConfig`` plus
+``grad_clip``) and ``trainer`` (length, run directory, checkpoints, validation, logging).
+``load_sft_config`` loads it with the same machinery as ``lmrl train`` (YAML file, dotted
+``key=value`` overrides, did-you-mean on unknown keys, one ``ConfigError`` naming every bad
+key): a ``ConfigKind`` hands the loader this root type, the verl table below and the
+resolve/validate steps of this module.
+
+verl's SFT keys (``verl/trainer/config/sft_trainer.yaml``) carry over where they mean the same::
+
+    model.partial_pretrain            -> model.path
+    data.micro_batch_size_per_gpu     -> data.micro_batch_size
+    data.multiturn.messages_key       -> data.messages_key
+    optim.warmup_steps_ratio          -> optim.lr_warmup_steps_ratio
+    optim.warmup_style / lr_scheduler_type -> optim.lr_scheduler
+    optim.clip_grad                   -> optim.grad_clip
+    data.{train_files,val_files,prompt_key,response_key,max_length,truncation,
+      train_batch_size}, model.{lora_rank,lora_alpha,target_modules,trust_remote_code,
+      enable_gradient_checkpointing}, optim.{lr,betas,weight_decay}, trainer.*  -> the same
+
+and keys of verl's GPU stack (FSDP, sequence parallelism, Liger kernels...) are accepted with a
+one-line notice. Choices: the data layout is read from the columns (``data.response_key``
+present -> prompt/response; else ``data.messages_key`` -> chat messages), unless
+``data.response_from_ground_truth`` asks for verl RL-format rows; ``data.micro_batch_size``
+null means the whole batch in one forward pass (fastest on CPU for small models).
+"""
+
+# ruff: noqa: RUF009  (``opt`` returns a ``dataclasses.field``; ruff cannot see that)
+
+from __future__ import annotations
+
+import copy
+import os
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from lmrl.config.errors import ConfigError
+from lmrl.config.fields import Mismatch, coerce, get_path, schema, set_path
+from lmrl.config.help import _short, _yaml
+from lmrl.config.loader import ConfigKind, load_config
+from lmrl.config.schema import LoggerName, ModelConfig, OptimConfig, opt
+from lmrl.config.verl import Rule, Translation
+
+# ------------------------------------------------------------------------------------------
+# schema
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SFTDataConfig:
+    """Supervised examples: the files, their layout, lengths and batch sizes."""
+
+    train_files: str | list[str] | None = opt(
+        None, "Training examples: a parquet/JSONL/JSON file or saved dataset, or a list of them."
+    )
+    val_files: str | list[str] | None = opt(
+        None, "Validation examples (same layout); null = no validation loss."
+    )
+    prompt_key: str = opt(
+        "prompt", "Column holding the prompt: chat messages (templated) or a string (verbatim)."
+    )
+    response_key: str = opt(
+        "response", "Column holding the response string (the prompt/response layout)."
+    )
+    messages_key: str = opt(
+        "messages",
+        "Column holding a whole chat (list of {role, content}), used when the rows have no "
+        "response_key column; every assistant turn is trained on.",
+    )
+    response_from_ground_truth: bool = opt(
+        False,
+        "Train on verl RL-format rows: the response is reward_model.ground_truth (as a string), "
+        "e.g. the files of `lmrl tasks`.",
+    )
+    max_length: int = opt(
+        1024, "Longest example in tokens (prompt + response, after the template)."
+    )
+    truncation: Literal["error", "left", "right"] = opt(
+        "error",
+        "What to do with a longer example: error, or keep its left part (right = cut the end) "
+        "or its right part (left = cut the start).",
+    )
+    train_batch_size: int = opt(32, "Examples per optimizer step.")
+    micro_batch_size: int | None = opt(
+        None,
+        "Examples per forward/backward pass, gradients accumulated (the loss is still the token "
+        "mean over the whole batch); null = the whole batch at once.",
+    )
+    shuffle: bool = opt(True, "Shuffle the training examples every epoch.")
+    seed: int | None = opt(None, "Seed of the data order; null = trainer.seed.")
+
+
+@dataclass
+class SFTOptimConfig(OptimConfig):
+    """AdamW with linear warmup, a constant or cosine schedule, and gradient clipping."""
+
+    grad_clip: float = opt(1.0, "Clip the global gradient norm to this value (> 0).")
+
+
+@dataclass
+class SFTTrainerConfig:
+    """The run: its length, directory, checkpoints, validation, logging, device."""
+
+    project_name: str = opt("lmrl", "Project name (loggers, default run directory).")
+    experiment_name: str = opt("sft", "Experiment name (loggers, default run directory).")
+    default_local_dir: str | None = opt(
+        None,
+        "Run directory: config.yaml, metrics.jsonl, global_step_N/ and final/ (the model path "
+        "to give `lmrl train model.path=...`); null = checkpoints/<project_name>/<experiment_name>.",
+    )
+    total_epochs: int = opt(1, "Passes over the training examples.")
+    total_training_steps: int | None = opt(
+        None, "Stop after this many optimizer steps; null = total_epochs worth of steps."
+    )
+    save_freq: int = opt(
+        -1, "Save the model to global_step_N every this many steps; <= 0 = final/ only."
+    )
+    test_freq: int = opt(
+        -1, "Validation loss every this many steps (and at the end); <= 0 = end only."
+    )
+    seed: int = opt(42, "Global seed (data order, dropout, LoRA initialization).")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = cuda when available, else cpu.")
+    logger: list[LoggerName] = opt(
+        ["console"], "console prints a compact line per step; metrics.jsonl is always written."
+    )
+
+
+@dataclass
+class SFTConfig:
+    """A supervised fine-tuning run (``lmrl sft``): data, model, optimizer, run."""
+
+    data: SFTDataConfig = opt(SFTDataConfig(), "Examples.")
+    model: ModelConfig = opt(ModelConfig(), "The model fine-tuned.")
+    optim: SFTOptimConfig = opt(
+        SFTOptimConfig(lr=1e-4, lr_warmup_steps_ratio=0.05, lr_scheduler="cosine"),
+        "Optimizer and schedule.",
+    )
+    trainer: SFTTrainerConfig = opt(SFTTrainerConfig(), "The run.")
+
+
+# ------------------------------------------------------------------------------------------
+# verl's SFT keys
+# ------------------------------------------------------------------------------------------
+
+_FSDP = "verl's FSDP setting; lmrl sft trains one whole model in one process"
+_KERNEL = "a verl kernel option"
+_ONE = "lmrl sft runs in one process on one device"
+
+SFT_VERL_RULES: tuple[Rule, ...] = (
+    Rule("model.partial_pretrain", "model.path"),
+    Rule("data.micro_batch_size_per_gpu", "data.micro_batch_size"),
+    Rule("data.multiturn.messages_key", "data.messages_key"),
+    Rule("data.multiturn.enable", None, "the layout is read from the columns"),
+    Rule("data.multiturn.*", None, "tools and thinking switches are not available in lmrl sft"),
+    Rule("optim.warmup_steps_ratio", "optim.lr_warmup_steps_ratio"),
+    Rule("optim.warmup_style", "optim.lr_scheduler"),
+    Rule("optim.lr_scheduler_type", "optim.lr_scheduler"),
+    Rule("optim.clip_grad", "optim.grad_clip"),
+    Rule("data.prompt_dict_keys", None, "not available in lmrl sft", only=(None,)),
+    Rule("data.response_dict_keys", None, "not available in lmrl sft", only=(None,)),
+    Rule("data.chat_template", None, "the tokenizer's own template is used", only=(None,)),
+    Rule("data.custom_cls.*", None, "custom datasets are not available", only=(None,)),
+    Rule("data.balance_dp_token", None, _ONE),
+    Rule("data.use_shm", None, "verl's shared-memory data loading"),
+    Rule("model.strategy", None, _FSDP),
+    Rule("model.fsdp_config.*", None, _FSDP),
+    Rule("model.use_liger", None, _KERNEL),
+    Rule("model.use_shm", None, "verl's shared-memory model loading"),
+    Rule("model.external_lib", None, "not available in lmrl sft", only=(None,)),
+    Rule("ulysses_sequence_parallel_size", None, _ONE, only=(1,)),
+    Rule("use_remove_padding", None, _KERNEL),
+    Rule("trainer.nnodes", None, _ONE),
+    Rule("trainer.n_gpus_per_node", None, _ONE),
+    Rule("trainer.default_hdfs_dir", None, "HDFS upload is not available", only=(None,)),
+    Rule("trainer.checkpoint.*", None, "lmrl sft saves the model and tokenizer"),
+    Rule("trainer.max_ckpt_to_keep", None, "every global_step_N is kept"),
+    Rule("trainer.resume_mode", None, "lmrl sft starts from model.path", only=("auto", "disable")),
+    Rule("trainer.resume_from_path", None, "lmrl sft does not resume", only=(None,)),
+    Rule("defaults", None, "Hydra's defaults list; lmrl's defaults are its dataclasses"),
+    Rule("hydra.*", None, "Hydra's own settings"),
+)
+_EXACT = {r.verl: r for r in SFT_VERL_RULES if not r.verl.endswith(".*")}
+_PREFIX = [r for r in SFT_VERL_RULES if r.verl.endswith(".*")]
+
+
+def translate_sft(key: str, value: Any) -> Translation:
+    """Map one incoming SFT key (verl's spelling or ours) and its value onto ``SFTConfig``.
+
+    Args:
+        key: dotted key as given (``model.partial_pretrain``).
+        value: its parsed value.
+    Returns:
+        A ``Translation``: a new path, a notice (accepted, changes nothing), an error (asks
+        for something lmrl sft cannot do), or the key unchanged when no rule knows it.
+    """
+    rule = _EXACT.get(key) or next((r for r in _PREFIX if key.startswith(r.verl[:-1])), None)
+    if rule is None:
+        return Translation(key, key, value)
+    if rule.ours is not None:
+        return Translation(key, rule.ours, value)
+    if rule.only and not any(value == v and type(value) is type(v) for v in rule.only):
+        allowed = " or ".join(repr(v) for v in rule.only)
+        return Translation(
+            key, None, error=f"{key}={value!r}: {rule.note}; remove it or set it to {allowed}"
+        )
+    return Translation(key, None, notice=f"{key}={value!r} changes nothing in lmrl: {rule.note}")
+
+
+def sft_verl_spellings(path: str) -> list[str]:
+    """The verl spellings of one of our SFT paths (for did-you-mean suggestions)."""
+    return [r.verl for r in SFT_VERL_RULES if r.ours == path]
+
+
+# ------------------------------------------------------------------------------------------
+# resolve, validate, load
+# ------------------------------------------------------------------------------------------
+
+
+def resolve_sft_config(cfg: SFTConfig) -> SFTConfig:
+    """A copy of ``cfg`` with every value converted to its type and derived defaults filled.
+
+    Filled when null: ``data.seed`` (``trainer.seed``) and ``trainer.default_local_dir``
+    (``checkpoints/<project_name>/<experiment_name>``). A leading ``~`` in paths is expanded.
+    Idempotent.
+
+    Raises:
+        ConfigError: a value does not have its key's type.
+    """
+    cfg = copy.deepcopy(cfg)
+    errors = []
+    for path, spec in schema(SFTConfig).items():
+        if spec.section:
+            continue
+        try:
+            set_path(cfg, path, coerce(get_path(cfg, path), spec.type))
+        except Mismatch as err:
+            errors.append(f"{path}: expected {err.expected}, got {get_path(cfg, path)!r}")
+    if errors:
+        raise ConfigError(errors)
+    data, trainer = cfg.data, cfg.trainer
+    if data.seed is None:
+        data.seed = trainer.seed
+    if trainer.default_local_dir is None:
+        trainer.default_local_dir = os.path.join(
+            "checkpoints", trainer.project_name, trainer.experiment_name
+        )
+
+    def expand(path: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(path, list):
+            return [os.path.expanduser(p) for p in path]
+        return os.path.expanduser(path) if path is not None else None
+
+    cfg.model.path = expand(cfg.model.path)
+    data.train_files = expand(data.train_files)
+    data.val_files = expand(data.val_files)
+    trainer.default_local_dir = expand(trainer.default_local_dir)
+    return cfg
+
+
+def validate_sft_config(cfg: SFTConfig, *, notices: list[str] | None = None) -> None:
+    """Check the ranges a single key's type cannot catch.
+
+    Args:
+        cfg: the config (resolved first, on a copy).
+        notices: accepted for the loader's interface; no SFT check only warns.
+    Raises:
+        ConfigError: every problem found, each naming the key and the fix.
+    """
+    cfg = resolve_sft_config(cfg)
+    checks = (
+        ("data.max_length", lambda x: x >= 2, "must be >= 2 (a prompt token and a response token)"),
+        ("data.train_batch_size", lambda x: x >= 1, "must be >= 1"),
+        ("data.micro_batch_size", lambda x: x is None or x >= 1, "must be >= 1 (or null)"),
+        ("model.lora_rank", lambda x: x >= 0, "must be >= 0 (0 = full fine-tuning)"),
+        ("optim.lr", lambda x: x >= 0, "must be >= 0"),
+        ("optim.weight_decay", lambda x: x >= 0, "must be >= 0"),
+        ("optim.lr_warmup_steps_ratio", lambda x: 0 <= x <= 1, "must be in [0, 1]"),
+        ("optim.min_lr_ratio", lambda x: 0 <= x <= 1, "must be in [0, 1]"),
+        (
+            "optim.betas",
+            lambda x: len(x) == 2 and all(0 <= b < 1 for b in x),
+            "must be two numbers in [0, 1), e.g. [0.9, 0.95]",
+        ),
+        ("optim.grad_clip", lambda x: x > 0, "must be > 0 (e.g. 1.0)"),
+        ("trainer.total_epochs", lambda x: x >= 1, "must be >= 1"),
+        ("trainer.total_training_steps", lambda x: x is None or x >= 1, "must be >= 1 (or null)"),
+        ("trainer.save_freq", lambda x: x >= -1, "must be >= 1, or -1/0 = final only"),
+        ("trainer.test_freq", lambda x: x >= -1, "must be >= 1, or -1/0 = end only"),
+    )
+    errors = []
+    for key, ok, message in checks:
+        value = get_path(cfg, key)
+        if not ok(value):  # NaN fails every range
+            errors.append(f"{key}={value!r} {message}")
+    if cfg.model.lora_rank > 0 and not cfg.model.lora_alpha > 0:
+        errors.append(f"model.lora_alpha={cfg.model.lora_alpha!r} must be > 0 when LoRA is on")
+    for key in ("data.prompt_key", "data.response_key", "data.messages_key"):
+        if not get_path(cfg, key):
+            errors.append(f"{key} must name a column, got an empty string")
+    if errors:
+        raise ConfigError(errors)
+
+
+SFT_CONFIG = ConfigKind(
+    SFTConfig,
+    translate_sft,
+    sft_verl_spellings,
+    resolve_sft_config,
+    validate_sft_config,
+    "lmrl sft",
+)
+
+#: keys ``load_sft_config`` insists on by default
+REQUIRED_FOR_SFT = ("model.path", "data.train_files")
+
+
+def load_sft_config(
+    config_file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    required: Sequence[str] = REQUIRED_FOR_SFT,
+    notices: list[str] | None = None,
+) -> SFTConfig:
+    """Build an SFT run's config from the defaults, a YAML file and ``key=value`` overrides.
+
+    Args:
+        config_file: a YAML file (our layout or verl's SFT layout), or None.
+        overrides: dotted ``key=value`` strings (values parsed as YAML), later wins.
+        required: keys that must not be null (default ``model.path`` and ``data.train_files``).
+        notices: if given, one-line notices (verl keys that change nothing) are appended.
+    Returns:
+        The resolved, validated ``SFTConfig``.
+    Raises:
+        ConfigError: every problem found (unknown key with a did-you-mean, wrong type, bad
+            range, missing required key), each naming the key.
+    """
+    return load_config(config_file, overrides, required=required, notices=notices, kind=SFT_CONFIG)
+
+
+def format_sft_help(width: int = 100) -> str:
+    """The text of ``lmrl sft --help``: every section and key, its default and its doc."""
+    defaults = SFTConfig()
+    lines = [
+        "Configuration: lmrl sft [--config FILE.yaml] key=value ...",
+        "Keys are dotted paths (optim.lr=1e-4); values are YAML (0.2, true, [a,b], null).",
+        "Precedence: these defaults < the --config file < key=value overrides (later wins).",
+    ]
+    indent = " " * 6
+    for path, s in schema(SFTConfig).items():
+        if s.section:
+            lines += ["", f"{path}: {s.help}"]
+            continue
+        lines.append(f"  {path} = {_yaml(get_path(defaults, path))}  ({_short(s.type)})")
+        lines += textwrap.wrap(s.help, width, initial_indent=indent, subsequent_indent=indent)
+    renamed = [r for r in SFT_VERL_RULES if r.ours is not None]
+    pad = max(len(r.verl) for r in renamed)
+    lines += ["", "verl SFT keys are accepted and translated:"]
+    lines += [f"  {r.verl.ljust(pad)} -> {r.ours}" for r in renamed]
+    lines += ["  keys of verl's GPU stack (FSDP, Liger, sequence parallel...) get a notice."]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = [
+    "REQUIRED_FOR_SFT",
+    "SFT_CONFIG",
+    "SFT_VERL_RULES",
+    "SFTConfig",
+    "SFTDataConfig",
+    "SFTOptimConfig",
+    "SFTTrainerConfig",
+    "format_sft_help",
+    "load_sft_config",
+    "resolve_sft_config",
+    "sft_verl_spellings",
+    "translate_sft",
+    "validate_sft_config",
+]

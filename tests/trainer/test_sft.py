@@ -1,0 +1,302 @@
+"""SFT warm start: data layouts and the loss mask, the loss itself, a short fit, the export,
+the config and the CLI. Everything runs on the tiny (~0.1M) model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from lmrl.batch import Batch
+from lmrl.cli import main
+from lmrl.config import ConfigError
+from lmrl.config.sft import load_sft_config
+from lmrl.data.tasks import write_task
+from lmrl.models import build_tiny_model, load_causal_lm, load_tokenizer
+from lmrl.rollout import HFEngine, SamplingParams
+from lmrl.trainer.sft import SFTDataset, SFTTrainer, sft_token_log_probs
+
+IM_START, IM_END, PAD = 257, 258, 256  # the byte tokenizer's special ids
+
+
+def byte_ids(text: str) -> list[int]:
+    """The byte tokenizer maps every ASCII character to its byte value."""
+    return list(text.encode())
+
+
+def chatml_prompt(user: str) -> list[int]:
+    """``<|im_start|>user\\n{user}<|im_end|>\\n<|im_start|>assistant\\n``, by hand."""
+    return [
+        IM_START,
+        *byte_ids(f"user\n{user}"),
+        IM_END,
+        *byte_ids("\n"),
+        IM_START,
+        *byte_ids("assistant\n"),
+    ]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny"), size="tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return load_tokenizer(model_dir)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    return write_task("digits", tmp_path_factory.mktemp("digits"), num_train=256, num_test=32)
+
+
+def overrides(model_dir, train, run_dir, *extra):
+    return [
+        f"model.path={model_dir}",
+        f"data.train_files={train}",
+        f"trainer.default_local_dir={run_dir}",
+        "model.enable_gradient_checkpointing=false",
+        "trainer.device=cpu",
+        "trainer.logger=[]",
+        *extra,
+    ]
+
+
+# ---------------------------------------------------------------------------- layouts
+def test_ground_truth_row_masks_exactly_the_answer_and_end_of_turn(tmp_path, tokenizer):
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "reverse 48213"}],
+            "reward_model": {"ground_truth": "31284"},
+            "data_source": "digits",
+        }
+    ]
+    data = SFTDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer,
+                      response_from_ground_truth=True)  # fmt: skip
+    (ids, mask), = data.examples  # fmt: skip
+    prompt = chatml_prompt("reverse 48213")
+    # the template's "\n" after <|im_end|> is context, and dropped at the end of the sequence
+    assert ids == prompt + byte_ids("31284") + [IM_END]
+    assert mask == [False] * len(prompt) + [True] * 6
+    assert data.stats["loss_tokens"] == 6
+
+
+def test_prompt_response_layout_with_chat_and_string_prompts(tmp_path, tokenizer):
+    rows = [
+        {"prompt": [{"role": "user", "content": "hi"}], "response": "yo"},
+        {"prompt": "Q: 2+2=", "response": "4"},
+    ]
+    data = SFTDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer)
+    (chat_ids, chat_mask), (text_ids, text_mask) = data.examples
+    assert chat_ids == chatml_prompt("hi") + byte_ids("yo") + [IM_END]
+    assert sum(chat_mask) == 3 and chat_mask[-3:] == [True] * 3
+    # a plain-string prompt is used verbatim; its response ends with the EOS token
+    assert text_ids == byte_ids("Q: 2+2=") + byte_ids("4") + [tokenizer.eos_token_id]
+    assert text_mask == [False] * 7 + [True, True]
+
+
+def test_messages_layout_trains_every_assistant_turn(tmp_path, tokenizer):
+    chat = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "B1"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "D2"},
+    ]
+    data = SFTDataset(write_jsonl(tmp_path / "d.jsonl", [{"messages": chat}]), tokenizer)
+    (ids, mask), = data.examples  # fmt: skip
+    full = tokenizer.apply_chat_template(chat, tokenize=False)
+    assert tokenizer.decode(ids) == full.rstrip("\n")  # the whole conversation, in order
+    trained = [t for t, m in zip(ids, mask, strict=True) if m]
+    assert trained == [*byte_ids("B1"), IM_END, *byte_ids("D2"), IM_END]
+    # the "\n<|im_start|>user\nc<|im_end|>..." between the two turns is context
+    first_end = ids.index(IM_END, ids.index(ord("B")))
+    assert not any(mask[first_end + 1 : ids.index(ord("D"))])
+
+
+def test_bad_rows_name_the_row_and_the_column(tmp_path, tokenizer):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "x", "answer": "y"}])
+    with pytest.raises(ValueError, match=r"d.jsonl: row 0: neither a 'response' column"):
+        SFTDataset(path, tokenizer)
+    path = write_jsonl(tmp_path / "g.jsonl", [{"prompt": "x", "reward_model": {"ground_truth":
+                                                                                {"a": 1}}}])  # fmt: skip
+    with pytest.raises(ValueError, match=r"row 0: column 'reward_model.ground_truth' is a dict"):
+        SFTDataset(path, tokenizer, response_from_ground_truth=True)
+    path = write_jsonl(tmp_path / "m.jsonl", [{"messages": [{"role": "user", "content": "a"}]}])
+    with pytest.raises(ValueError, match="row 0: column 'messages': no assistant message"):
+        SFTDataset(path, tokenizer)
+
+
+def test_truncation(tmp_path, tokenizer):
+    rows = [{"prompt": "abcdef", "response": "xyz"}, {"prompt": "a" * 20, "response": "b"}]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(ValueError, match=r"row 1: the example has 22 tokens, more than"):
+        SFTDataset(path, tokenizer, max_length=12)
+    left = SFTDataset(path, tokenizer, max_length=12, truncation="left")
+    assert [len(ids) for ids, _ in left.examples] == [10, 12]
+    # right truncation cuts row 1's response away: the row is dropped
+    right = SFTDataset(path, tokenizer, max_length=12, truncation="right")
+    assert right.stats == {"rows": 2, "truncated": 1, "dropped": 1, "examples": 1,
+                           "loss_tokens": 4}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------- the loss
+def test_loss_and_gradient_equal_the_hf_loss_with_prompt_labels_ignored(
+    tmp_path, model_dir, tokenizer, digits
+):
+    """Our masked token-mean equals transformers' own loss with labels=-100 on the prompt,
+    and differs from the loss over every token: the prompt's targets are not trained."""
+    data = SFTDataset(digits["test"], tokenizer, response_from_ground_truth=True)
+    batch = data.collate(range(6))
+    model = load_causal_lm(model_dir)
+    log_probs, mask = sft_token_log_probs(model, batch)
+    ours = -(log_probs[mask]).sum() / mask.sum()
+    ours.backward()
+    grad = model.model.embed_tokens.weight.grad.clone()
+    model.zero_grad()
+
+    labels = torch.where(batch["loss_mask"], batch["input_ids"], -100)
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"].long()}
+    reference = model(**inputs, labels=labels).loss
+    reference.backward()
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grad, model.model.embed_tokens.weight.grad, rtol=1e-4, atol=1e-7)
+
+    every_token = torch.where(batch["attention_mask"], batch["input_ids"], -100)
+    assert abs(model(**inputs, labels=every_token).loss.item() - ours.item()) > 1e-3
+
+
+def test_micro_batches_accumulate_to_the_whole_batch_gradient(tmp_path, model_dir, digits):
+    grads, losses = [], []
+    for micro in ("null", "3"):
+        cfg = load_sft_config(
+            None,
+            overrides(model_dir, digits["test"], tmp_path / micro,
+                      "data.response_from_ground_truth=true", "data.train_batch_size=8",
+                      f"data.micro_batch_size={micro}", "optim.grad_clip=1e9", "optim.lr=0"),
+        )  # fmt: skip
+        trainer = SFTTrainer(cfg)
+        trainer.optimizer.zero_grad = lambda set_to_none=True: None  # keep the gradient
+        losses.append(trainer.step()["sft/loss"])
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------- fit and export
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory, model_dir, digits):
+    run_dir = tmp_path_factory.mktemp("sft-run")
+    cfg = load_sft_config(
+        None,
+        overrides(model_dir, digits["train"], run_dir, f"data.val_files={digits['test']}",
+                  "data.response_from_ground_truth=true", "data.train_batch_size=16",
+                  "optim.lr=3e-3", "trainer.total_training_steps=30", "trainer.test_freq=15",
+                  "trainer.save_freq=20"),
+    )  # fmt: skip
+    trainer = SFTTrainer(cfg)
+    return trainer, trainer.fit()
+
+
+def test_loss_falls_and_metrics_are_logged(fitted):
+    trainer, history = fitted
+    losses = [m["sft/loss"] for m in history]
+    assert len(losses) == 30
+    assert sum(losses[-3:]) / 3 < 0.75 * sum(losses[:3]) / 3
+    val = [m["val/sft_loss"] for m in history if "val/sft_loss" in m]
+    assert len(val) == 2 and val[-1] < 0.75 * losses[0]
+    lines = [json.loads(x) for x in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(1, 31))
+    for key in ("sft/loss", "sft/lr", "sft/grad_norm", "sft/tokens", "timing_s/step"):
+        assert key in lines[0]
+    assert lines[0]["sft/tokens"] == sum(trainer.train_data.examples[i][1].count(True)
+                                         for i in trainer.sampler.order(0)[:16])  # fmt: skip
+    assert (trainer.run_dir / "config.yaml").is_file()
+
+
+def test_export_loads_as_a_model_path_and_generates(fitted):
+    trainer, _ = fitted
+    assert (trainer.run_dir / "global_step_20" / "config.json").is_file()
+    assert not (trainer.run_dir / "global_step_30").exists()  # the end is final/
+    model = load_causal_lm(trainer.final_dir)
+    tokenizer = load_tokenizer(trainer.final_dir)
+    for name, value in trainer.model.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0)
+    assert model.config.use_cache is True
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "reverse 1234"}],
+                                           tokenize=False, add_generation_prompt=True)  # fmt: skip
+    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False)["input_ids"]])
+    batch = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids, dtype=torch.bool)})
+    out = HFEngine(model, tokenizer).generate(batch, 1, SamplingParams(do_sample=False,
+                                                                       max_new_tokens=8))  # fmt: skip
+    assert out["responses"].shape[0] == 1 and out["response_mask"].any()
+
+
+def test_lora_export_is_merged(tmp_path, model_dir, digits):
+    cfg = load_sft_config(
+        None,
+        overrides(model_dir, digits["test"], tmp_path, "data.response_from_ground_truth=true",
+                  "data.train_batch_size=8", "model.lora_rank=4", "optim.lr=1e-2",
+                  "optim.lr_warmup_steps=0", "trainer.total_training_steps=5",
+                  f"data.val_files={digits['test']}"),
+    )  # fmt: skip
+    trainer = SFTTrainer(cfg)
+    history = trainer.fit(stop=lambda step, metrics: step == 2)
+    assert len(history) == 2 and "val/sft_loss" in history[-1] and trainer.global_step == 2
+    assert not (trainer.final_dir / "adapter_config.json").exists()
+    merged = load_causal_lm(trainer.final_dir)
+    base = load_causal_lm(model_dir)
+    ids = trainer.train_data.collate([0, 1])
+    inputs = {"input_ids": ids["input_ids"], "attention_mask": ids["attention_mask"].long()}
+    with torch.no_grad():
+        trained = trainer.model.eval()(**inputs).logits
+        torch.testing.assert_close(merged(**inputs).logits, trained, rtol=1e-4, atol=1e-5)
+        assert not torch.allclose(base(**inputs).logits, trained, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------- config and CLI
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match=r"unknown key 'optim.lrr'; did you mean 'optim.lr'"):
+        load_sft_config(None, ["model.path=/m", "data.train_files=x", "optim.lrr=1"])
+    with pytest.raises(ConfigError, match=r"data.train_files is not set"):
+        load_sft_config(None, ["model.path=/m"])
+    with pytest.raises(ConfigError, match=r"data.micro_batch_size=0 must be >= 1"):
+        load_sft_config(None, ["model.path=/m", "data.train_files=x", "data.micro_batch_size=0"])
+
+
+def test_verl_sft_keys_map_onto_ours():
+    notices: list[str] = []
+    cfg = load_sft_config(
+        None,
+        ["model.partial_pretrain=/m", "data.train_files=x", "data.micro_batch_size_per_gpu=4",
+         "optim.warmup_steps_ratio=0.1", "optim.clip_grad=0.5", "optim.warmup_style=constant",
+         "data.multiturn.messages_key=chat", "model.fsdp_config.param_offload=true"],
+        notices=notices,
+    )  # fmt: skip
+    assert cfg.model.path == "/m" and cfg.data.micro_batch_size == 4
+    assert cfg.optim.lr_warmup_steps_ratio == 0.1 and cfg.optim.grad_clip == 0.5
+    assert cfg.optim.lr_scheduler == "constant" and cfg.data.messages_key == "chat"
+    assert len(notices) == 1 and "model.fsdp_config.param_offload" in notices[0]
+
+
+def test_cli_end_to_end(tmp_path, model_dir, digits, capsys):
+    args = overrides(model_dir, digits["test"], tmp_path / "run",
+                     "data.response_from_ground_truth=true", "data.train_batch_size=8",
+                     "trainer.total_training_steps=2", "trainer.logger=console")  # fmt: skip
+    assert main(["sft", *args]) == 0
+    out = capsys.readouterr().out
+    assert "step 2/2  loss " in out and f"model: {tmp_path / 'run' / 'final'}" in out
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 2
+    load_causal_lm(tmp_path / "run" / "final")
+
+    assert main(["sft", "--help"]) == 0
+    assert "data.response_from_ground_truth = false" in capsys.readouterr().out
+    assert main(["sft", f"model.path={model_dir}", "data.train_fils=x"]) == 2
+    assert "did you mean 'data.train_files'" in capsys.readouterr().err
