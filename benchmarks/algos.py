@@ -7,6 +7,10 @@ float64 run of the loop.
 
     python benchmarks/algos.py            # full sizes (a few minutes on 2 cores)
     python benchmarks/algos.py --quick    # smaller sizes, a smoke run
+
+The process uses the allocator setting of the ``lmrl`` command (``lmrl.cli.tune_allocator``)
+for both sides; ``--no-tune-allocator`` measures glibc's default behaviour instead. Run it on
+a quiet machine: with another process busy, a 2-thread op can stall a whole scheduler tick.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 
 from lmrl.algos import advantage_estimators, policy_losses
 from lmrl.algos.masked import masked_whiten
+from lmrl.cli import tune_allocator
 
 # ------------------------------------------------------------------- loop baselines
 
@@ -172,12 +177,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller sizes")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-tune-allocator", action="store_true")
     args = parser.parse_args()
+    if not args.no_tune_allocator:
+        tune_allocator()
     torch.set_num_threads(args.threads)
     get = advantage_estimators.get
     scale = 8 if args.quick else 1
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
+    allocator = "glibc default" if args.no_tune_allocator else "lmrl's allocator setting"
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {allocator}")
     print(
         f"{'estimator/loss':<22} {'size':<18} {'loop ms':>10} {'lmrl ms':>10} {'speed-up':>10} {'max err':>10}"
     )

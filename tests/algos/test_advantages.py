@@ -267,10 +267,11 @@ def test_estimators_match_loop_references(seed):
     get = advantage_estimators.get
     gamma, lam = 0.97, 0.9
 
-    adv, ret = get("gae")(rewards, mask, values=values, gamma=gamma, lam=lam)
-    ref_adv, ref_ret = ref_gae(r, v, m, gamma, lam)
-    close(adv, ref_adv)
-    close(ret, ref_ret)
+    for lam_ in (lam, 0.0, 0.3, 1.0):  # lam = 0 is TD(0), computed without the scan
+        adv, ret = get("gae")(rewards, mask, values=values, gamma=gamma, lam=lam_)
+        ref_adv, ref_ret = ref_gae(r, v, m, gamma, lam_)
+        close(adv, ref_adv)
+        close(ret, ref_ret)
 
     adv, ret = get("reinforce_plus_plus")(rewards, mask, gamma=gamma)
     rtg = ref_reward_to_go(r, m, gamma)

@@ -91,11 +91,11 @@ def reverse_discounted_scan(
     At masked positions nothing happens: the running value is carried through unchanged
     (multi-turn observation tokens are skipped, not reset), and the output there is 0.
 
-    Closed form within a chunk: with ``S_t`` the exclusive cumulative sum of
-    ``log(rate) * mask``, ``x_t = exp(-S_t) * sum_{s >= t} exp(S_s) b_s`` plus the carry from the
-    next chunk decayed by ``exp(S_end - S_t)``. Chunks are sized so ``|S|`` stays below
-    ``_MAX_LOG_SPAN``; for ordinary rates (``gamma * lam >= 0.9``) there is a single chunk up to
-    thousands of tokens.
+    Closed form: in reversed time, with ``c_u`` the number of valid tokens up to ``u``,
+    ``x_u = rate^c_u * sum_{s <= u} rate^-c_s b_s``: a running product for the weights and one
+    cumulative sum of increasing terms (no cancellation), both in float64, updated in place.
+    Chunks of tokens keep ``rate^-c`` below ``exp(_MAX_LOG_SPAN)``; a short loop carries ``x``
+    across chunks (one chunk up to thousands of tokens for ``gamma * lam >= 0.9``).
 
     Args:
         inputs: (B, T) the ``b_t``; values at masked positions are ignored.
@@ -106,36 +106,28 @@ def reverse_discounted_scan(
     """
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"the discount rate must be in [0, 1], got {rate}")
-    mask = as_bool_mask("response_mask", response_mask)
-    out_dtype = inputs.dtype
-    b = torch.where(mask, inputs.double(), 0.0)
-    batch, length = b.shape
+    valid = as_bool_mask("response_mask", response_mask).flip(-1)  # reversed time
+    b = torch.where(valid, inputs.flip(-1), 0.0)
+    length = b.shape[-1]
     log_rate = math.log(max(rate, _MIN_RATE))
-    chunk = length if log_rate == 0.0 else max(1, min(length, int(_MAX_LOG_SPAN / -log_rate)))
-    num_chunks = -(-length // chunk)
-    pad = num_chunks * chunk - length
-    if pad:
-        b = torch.nn.functional.pad(b, (0, pad))
-        mask = torch.nn.functional.pad(mask, (0, pad))
-    b = b.view(batch, num_chunks, chunk)
-    log_a = mask.view(batch, num_chunks, chunk).double() * log_rate
-    s_incl = log_a.cumsum(-1)
-    s_excl = s_incl - log_a  # S_t: sum of log-decays strictly before t within the chunk
-    if log_rate == 0.0:  # no discount: a plain reverse cumulative sum
-        local = b.flip(-1).cumsum(-1).flip(-1)
+    if log_rate == 0.0:  # no discount: a plain cumulative sum
+        x = b.cumsum(-1, dtype=torch.float64)
     else:
-        decay = torch.exp(s_excl)
-        local = (decay * b).flip(-1).cumsum(-1).flip(-1) / decay
-    if num_chunks > 1:
-        # decay from each position to the start of the next chunk, then the carries.
-        to_end = torch.exp(s_incl[..., -1:] - s_excl)
-        carry = torch.zeros(batch, num_chunks, 1, dtype=b.dtype, device=b.device)
-        for j in range(num_chunks - 2, -1, -1):
-            nxt = local[:, j + 1, 0] + to_end[:, j + 1, 0] * carry[:, j + 1, 0]
-            carry[:, j, 0] = nxt
-        local = local + to_end * carry
-    x = local.view(batch, -1)[:, :length]
-    return torch.where(mask.view(batch, -1)[:, :length], x, 0.0).to(out_dtype)
+        chunk = max(1, min(length, int(_MAX_LOG_SPAN / -log_rate)))
+        one = torch.ones((), dtype=torch.float64, device=b.device)
+        # rate^-c, c = valid tokens so far: a running product, restarted in each chunk
+        weights = torch.where(valid, one / math.exp(log_rate), one)
+        x = torch.empty_like(weights)
+        carry = None
+        for start in range(0, length, chunk):
+            cols = slice(start, min(start + chunk, length))
+            w, xs = weights[:, cols].cumprod_(-1), x[:, cols]
+            torch.mul(b[:, cols], w, out=xs)
+            xs.cumsum_(-1).div_(w)
+            if carry is not None:
+                xs.addcdiv_(carry, w)  # the value carried in decays by rate^c
+            carry = xs[:, -1:].clone()
+    return x.to(inputs.dtype).masked_fill_(~valid, 0.0).flip(-1)
 
 
 def _next_valid_values(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -214,10 +206,19 @@ def compute_gae_advantage_return(
     """
     _need("values", values, "gae")
     mask = _check_inputs(token_level_rewards, response_mask, values=values)
-    values = torch.where(mask, values.to(token_level_rewards.dtype), 0.0)
-    next_values = _next_valid_values(values, mask)
-    deltas = token_level_rewards + gamma * next_values - values
-    advantages = reverse_discounted_scan(deltas, mask, gamma * lam)
+    dtype = token_level_rewards.dtype
+    values = torch.where(mask, values.to(dtype), 0.0)
+    if lam > 0:
+        # With w = (gamma lam)^(valid steps), A_t = sum_s w (r_s + gamma V_s' - V_s) regroups as
+        # sum_s w (r_s + (1/lam - 1) V_s) - V_t / lam: one scan, no next-value lookup.
+        # small lam magnifies V by 1/lam and then cancels it: do that part in float64
+        work = torch.float64 if lam < 0.5 else dtype
+        rewards, values_w = token_level_rewards.to(work), values.to(work)
+        scanned = reverse_discounted_scan(rewards + (1.0 / lam - 1.0) * values_w, mask, gamma * lam)
+        advantages = torch.where(mask, scanned - values_w / lam, 0.0).to(dtype)
+    else:  # TD(0): A_t = delta_t
+        deltas = token_level_rewards + gamma * _next_valid_values(values, mask) - values
+        advantages = torch.where(mask, deltas, 0.0)
     returns = torch.where(mask, advantages + values, 0.0)
     return masked_whiten(advantages, mask), returns
 

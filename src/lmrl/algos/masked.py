@@ -44,18 +44,35 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None
     return total / count.clamp(min=1)
 
 
+def _masked_moments(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Centered kept values (0 - mean outside the mask), count, mean, unbiased variance.
+
+    Two passes (mean, then squared deviations) for stability, with torch's cascade
+    summation; outside the mask the centered values are ``-mean``, whose squares are
+    subtracted exactly. With fewer than two positions the variance is 0.
+    """
+    check_same_shape(values=values, mask=mask)
+    mask = as_bool_mask("mask", mask)
+    centered = torch.where(mask, values, torch.zeros((), dtype=values.dtype, device=values.device))
+    n = mask.sum().to(torch.float64)
+    mean = centered.sum().to(torch.float64) / n.clamp(min=1)
+    centered.sub_(mean.to(values.dtype))
+    squares = (centered * centered).sum().to(torch.float64)
+    squares = squares - (mask.numel() - n) * mean.square()
+    var = (squares / (n - 1).clamp(min=1)).clamp(min=0)
+    return centered, n, mean, var
+
+
 def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
     """Variance of ``values`` over all True positions of ``mask``.
 
     Unbiased (Bessel's n/(n-1)) by default, as verl's ``masked_var``; with fewer than two
     positions the variance is 0 rather than a division by zero.
     """
-    mean = masked_mean(values, mask)
-    var = masked_mean((values - mean).square(), mask)
-    if unbiased:
-        n = masked_count(mask).to(var.dtype)
-        var = var * n / (n - 1).clamp(min=1)
-    return var
+    _, n, _, var = _masked_moments(values, mask)
+    if not unbiased:
+        var = var * (n - 1).clamp(min=0) / n.clamp(min=1)
+    return var.to(values.dtype)
 
 
 def masked_whiten(
@@ -74,9 +91,8 @@ def masked_whiten(
         (B, T), zero outside the mask.
     """
     mask = as_bool_mask("mask", mask)
-    mean = masked_mean(values, mask)
-    var = masked_var(values, mask)
-    whitened = (values - mean) * torch.rsqrt(var + eps)
+    centered, _, mean, var = _masked_moments(values, mask)
+    whitened = centered.mul_(torch.rsqrt(var + eps).to(values.dtype))
     if not shift_mean:
-        whitened = whitened + mean
-    return torch.where(mask, whitened, torch.zeros((), dtype=whitened.dtype, device=values.device))
+        whitened.add_(mean.to(values.dtype))
+    return whitened.masked_fill_(~mask, 0.0)
