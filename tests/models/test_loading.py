@@ -76,3 +76,10 @@ def test_tokenizer_without_pad_gets_eos_on_load(qwen_dir, tmp_path):
     loaded = load_tokenizer(tmp_path)
     assert loaded.pad_token == "<|im_end|>"
     assert loaded.chat_template == tokenizer.chat_template  # used as the tokenizer has it
+
+
+def test_auto_dtype_is_float32_on_cpu():
+    from lmrl.models.loading import resolve_dtype
+
+    assert resolve_dtype("auto", "cpu") == torch.float32
+    assert resolve_dtype(None, "cpu") == torch.float32

@@ -4,6 +4,7 @@ each; micro-batch invariance of the update; config errors from the command line.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import textwrap
 from pathlib import Path
@@ -279,9 +280,9 @@ def test_config_errors_on_the_command_line(workspace, capsys, overrides, message
     assert "Traceback" not in err
 
 
-def test_verl_command_line_translates(workspace):
-    """Seed 002 §5.3's command line, with local paths, resolves to our keys."""
-    line = textwrap.dedent(f"""
+def seed_command_line(workspace: Path) -> list[str]:
+    """Seed 002 §5.3's PPO command line with a local tiny model and local parquet files."""
+    return textwrap.dedent(f"""
         data.train_files={workspace}/data/train.parquet
         data.val_files={workspace}/data/test.parquet
         data.train_batch_size=256
@@ -300,7 +301,11 @@ def test_verl_command_line_translates(workspace):
         trainer.total_epochs=3
         trainer.n_gpus_per_node=8
     """).split()
-    cfg = load_config(None, line)
+
+
+def test_verl_command_line_translates(workspace):
+    """Seed 002 §5.3's command line, with local paths, resolves to our keys."""
+    cfg = load_config(None, seed_command_line(workspace))
     assert cfg.model.path == f"{workspace}/model"
     assert (cfg.actor.ppo_epochs, cfg.actor.ppo_mini_batch_size, cfg.actor.clip_ratio) == (
         2,
@@ -309,6 +314,21 @@ def test_verl_command_line_translates(workspace):
     )
     assert cfg.critic.enable and cfg.critic.optim.lr == 5e-6
     assert (cfg.algorithm.gamma, cfg.algorithm.lam) == (0.99, 0.95)
+
+
+@pytest.mark.slow
+def test_verl_command_line_runs_as_written(tmp_path, capsys):
+    """The same command line, run as written (256 prompts per step, PPO with a critic,
+    3 epochs over 256 prompts, 512-token responses) on a tiny model."""
+    build_tiny_model(tmp_path / "model", arch="qwen2", size="tiny", seed=0)
+    write_task("digits", tmp_path / "data", seed=0, num_train=256, num_test=16)
+    run_dir = tmp_path / "run"
+    code = cli_main(["train", *seed_command_line(tmp_path), f"trainer.default_local_dir={run_dir}"])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    assert [m["step"] for m in steps] == [0, 1, 2, 3]  # validation before training, 3 steps
+    assert all(math.isfinite(m["critic/vf_loss"]) for m in steps[1:])
+    assert (run_dir / "global_step_3" / "critic.safetensors").exists()
 
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))

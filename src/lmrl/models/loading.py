@@ -44,13 +44,15 @@ class ModelPathError(FileNotFoundError, ValueError):
 def resolve_dtype(
     dtype: str | torch.dtype | None, device: str | torch.device = "cpu"
 ) -> torch.dtype:
-    """The torch dtype for a config value; ``None`` -> float32 on CPU, bfloat16 on CUDA."""
+    """The torch dtype for a config value; ``None`` or ``"auto"`` -> bfloat16 on a CUDA device
+    that supports it, else float32."""
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype}")
         return dtype
-    if dtype is None:
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype is None or dtype == "auto":
+        cuda = torch.device(device).type == "cuda"
+        return torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     return DTYPES[dtype]
@@ -170,7 +172,9 @@ def load_causal_lm(
         update switches to train mode itself), with ``config.use_cache`` off when checkpointing.
     """
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a bar per load clutters every run's log
     path = check_model_path(path)
     config = load_config(path, trust_remote_code)
     _check_causal(path, config)

@@ -53,7 +53,28 @@ METRICS: dict[str, str] = {
     "training/step": "the global step",
     "training/epoch": "the data epoch",
     "val/": "validation: val/<source>/mean@k, pass@k, acc, reward/mean",
+    "sft/loss": "lmrl sft: token-mean cross-entropy on the assistant tokens",
+    "sft/lr": "lmrl sft: learning rate",
+    "sft/grad_norm": "lmrl sft: gradient norm before clipping",
+    "sft/tokens": "lmrl sft: assistant tokens in the step's batch",
+    "val/sft_loss": "lmrl sft: the same loss on data.val_files",
 }
+
+
+def metrics_markdown() -> str:
+    """The table of ``METRICS`` as Markdown (``docs/metrics.md`` is this, generated)."""
+    lines = [
+        "# Metrics",
+        "",
+        "Every step's metrics, as written to `metrics.jsonl` and the trackers. Generated from",
+        "`lmrl.trainer.metrics.METRICS` by `python -m lmrl.trainer.metrics`; a name ending in",
+        "`/` is a prefix.",
+        "",
+        "| name | meaning |",
+        "|---|---|",
+    ]
+    lines += [f"| `{name}` | {text} |" for name, text in METRICS.items()]
+    return "\n".join(lines) + "\n"
 
 
 class StageTimer:
@@ -137,11 +158,16 @@ def throughput(batch: Batch, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else math.nan
 
 
+if __name__ == "__main__":
+    print(metrics_markdown(), end="")
+
+
 __all__ = [
     "METRICS",
     "StageTimer",
     "data_metrics",
     "mean_metrics",
+    "metrics_markdown",
     "throughput",
     "to_floats",
 ]
