@@ -16,50 +16,40 @@ the position counts, and every reduction over tokens goes through ``masked`` / `
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lmrl._lazy import lazy_exports
 
 # name -> module; imported on first use (PEP 562), so that importing ``lmrl.algos.registry``
 # alone (reward worker processes do) does not pay for torch.
 _EXPORTS = {
-    "advantage_estimators": "advantages",
-    "group_ids": "advantages",
-    "reverse_discounted_scan": "advantages",
-    "LOSS_AGG_MODES": "agg",
-    "AggNorm": "agg",
-    "agg_loss": "agg",
-    "AdaptiveKLController": "kl",
-    "FixedKLController": "kl",
-    "apply_kl_penalty": "kl",
-    "kl_controllers": "kl",
-    "kl_estimators": "kl",
-    "kl_penalty": "kl",
-    "make_kl_controller": "kl",
-    "full_kl_from_logits": "logprob",
-    "log_probs_from_hidden": "logprob",
-    "log_probs_from_logits": "logprob",
-    "masked_count": "masked",
-    "masked_mean": "masked",
-    "masked_sum": "masked",
-    "masked_var": "masked",
-    "masked_whiten": "masked",
-    "policy_losses": "losses",
-    "ALIASES": "registry",
-    "Registry": "registry",
-    "rollout_importance_weights": "rollout_correction",
-    "value_loss": "value",
+    "advantage_estimators": "lmrl.algos.advantages",
+    "group_ids": "lmrl.algos.advantages",
+    "reverse_discounted_scan": "lmrl.algos.advantages",
+    "LOSS_AGG_MODES": "lmrl.algos.agg",
+    "AggNorm": "lmrl.algos.agg",
+    "agg_loss": "lmrl.algos.agg",
+    "AdaptiveKLController": "lmrl.algos.kl",
+    "FixedKLController": "lmrl.algos.kl",
+    "apply_kl_penalty": "lmrl.algos.kl",
+    "kl_controllers": "lmrl.algos.kl",
+    "kl_estimators": "lmrl.algos.kl",
+    "kl_penalty": "lmrl.algos.kl",
+    "make_kl_controller": "lmrl.algos.kl",
+    "full_kl_from_logits": "lmrl.algos.logprob",
+    "log_probs_from_hidden": "lmrl.algos.logprob",
+    "log_probs_from_logits": "lmrl.algos.logprob",
+    "masked_count": "lmrl.algos.masked",
+    "masked_mean": "lmrl.algos.masked",
+    "masked_sum": "lmrl.algos.masked",
+    "masked_var": "lmrl.algos.masked",
+    "masked_whiten": "lmrl.algos.masked",
+    "policy_losses": "lmrl.algos.losses",
+    "ALIASES": "lmrl.algos.registry",
+    "Registry": "lmrl.algos.registry",
+    "rollout_importance_weights": "lmrl.algos.rollout_correction",
+    "value_loss": "lmrl.algos.value",
 }
 
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'lmrl.algos' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"lmrl.algos.{_EXPORTS[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

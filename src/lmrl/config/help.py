@@ -34,27 +34,7 @@ def format_help(sections: Sequence[str] | None = None, width: int = 100) -> str:
         unknown = [s for s in sections if s not in tops]
         if unknown:
             raise ValueError(f"unknown config section(s) {unknown}; sections: {', '.join(tops)}")
-    defaults = Config()
-    lines = [
-        "Configuration: lmrl train [--config FILE.yaml] key=value ...",
-        "Keys are dotted paths (actor.optim.lr=1e-6); values are YAML (0.2, true, [a,b], null).",
-        "Precedence: these defaults < the --config file < key=value overrides (later wins).",
-    ]
-    indent = " " * 6
-    for path, s in spec.items():
-        top = path.split(".", 1)[0]
-        if sections is not None and top not in sections:
-            continue
-        if s.section:
-            if "." not in path:
-                lines += ["", f"{path}: {s.help}"]
-            else:
-                lines += textwrap.wrap(
-                    f"{path}: {s.help}", width, initial_indent="  ", subsequent_indent=indent
-                )
-            continue
-        lines.append(f"  {path} = {_yaml(get_path(defaults, path))}  ({_short(s.type)})")
-        lines += textwrap.wrap(s.help, width, initial_indent=indent, subsequent_indent=indent)
+    lines = key_lines(Config, "lmrl train", "actor.optim.lr=1e-6", width, sections)
     if sections is None:
         lines += ["", "verl key paths are accepted and translated:"]
         pairs = section_prefixes()
@@ -67,6 +47,34 @@ def format_help(sections: Sequence[str] | None = None, width: int = 100) -> str:
             "with a one-line notice.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def key_lines(
+    root: type, command: str, example: str, width: int = 100, sections: Sequence[str] | None = None
+) -> list[str]:
+    """The usage header and every section and key of the ``root`` config with its default,
+    type and help (``lmrl train --help``, ``lmrl sft --help``)."""
+    defaults = root()
+    lines = [
+        f"Configuration: {command} [--config FILE.yaml] key=value ...",
+        f"Keys are dotted paths ({example}); values are YAML (0.2, true, [a,b], null).",
+        "Precedence: these defaults < the --config file < key=value overrides (later wins).",
+    ]
+    indent = " " * 6
+    for path, s in schema(root).items():
+        if sections is not None and path.split(".", 1)[0] not in sections:
+            continue
+        if s.section:
+            if "." not in path:
+                lines += ["", f"{path}: {s.help}"]
+            else:
+                lines += textwrap.wrap(
+                    f"{path}: {s.help}", width, initial_indent="  ", subsequent_indent=indent
+                )
+            continue
+        lines.append(f"  {path} = {_yaml(get_path(defaults, path))}  ({_short(s.type)})")
+        lines += textwrap.wrap(s.help, width, initial_indent=indent, subsequent_indent=indent)
+    return lines
 
 
 def _yaml(value: Any) -> str:

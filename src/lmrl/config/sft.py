@@ -32,8 +32,6 @@ null means the whole batch in one forward pass (fastest on CPU for small models)
 from __future__ import annotations
 
 import copy
-import os
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +39,10 @@ from typing import Any, Literal
 
 from lmrl.config.errors import ConfigError
 from lmrl.config.fields import Mismatch, coerce, get_path, schema, set_path
-from lmrl.config.help import _short, _yaml
+from lmrl.config.help import key_lines
 from lmrl.config.loader import ConfigKind, load_config
 from lmrl.config.schema import LoggerName, ModelConfig, OptimConfig, opt
+from lmrl.config.validate import resolve_run_paths
 from lmrl.config.verl import Rule, Translation
 
 # ------------------------------------------------------------------------------------------
@@ -242,23 +241,7 @@ def resolve_sft_config(cfg: SFTConfig) -> SFTConfig:
             errors.append(f"{path}: expected {err.expected}, got {get_path(cfg, path)!r}")
     if errors:
         raise ConfigError(errors)
-    data, trainer = cfg.data, cfg.trainer
-    if data.seed is None:
-        data.seed = trainer.seed
-    if trainer.default_local_dir is None:
-        trainer.default_local_dir = os.path.join(
-            "checkpoints", trainer.project_name, trainer.experiment_name
-        )
-
-    def expand(path: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(path, list):
-            return [os.path.expanduser(p) for p in path]
-        return os.path.expanduser(path) if path is not None else None
-
-    cfg.model.path = expand(cfg.model.path)
-    data.train_files = expand(data.train_files)
-    data.val_files = expand(data.val_files)
-    trainer.default_local_dir = expand(trainer.default_local_dir)
+    resolve_run_paths(cfg)
     return cfg
 
 
@@ -344,19 +327,7 @@ def load_sft_config(
 
 def format_sft_help(width: int = 100) -> str:
     """The text of ``lmrl sft --help``: every section and key, its default and its doc."""
-    defaults = SFTConfig()
-    lines = [
-        "Configuration: lmrl sft [--config FILE.yaml] key=value ...",
-        "Keys are dotted paths (optim.lr=1e-4); values are YAML (0.2, true, [a,b], null).",
-        "Precedence: these defaults < the --config file < key=value overrides (later wins).",
-    ]
-    indent = " " * 6
-    for path, s in schema(SFTConfig).items():
-        if s.section:
-            lines += ["", f"{path}: {s.help}"]
-            continue
-        lines.append(f"  {path} = {_yaml(get_path(defaults, path))}  ({_short(s.type)})")
-        lines += textwrap.wrap(s.help, width, initial_indent=indent, subsequent_indent=indent)
+    lines = key_lines(SFTConfig, "lmrl sft", "optim.lr=1e-4", width)
     renamed = [r for r in SFT_VERL_RULES if r.ours is not None]
     pad = max(len(r.verl) for r in renamed)
     lines += ["", "verl SFT keys are accepted and translated:"]

@@ -106,29 +106,37 @@ def resolve_config(cfg: Config) -> Config:
         critic.forward_micro_batch_size = critic.ppo_micro_batch_size
     if cfg.ref.log_prob_micro_batch_size is None:
         cfg.ref.log_prob_micro_batch_size = cfg.rollout.log_prob_micro_batch_size
-    if data.seed is None:
-        data.seed = trainer.seed
     if data.gen_batch_size is None:
         data.gen_batch_size = data.train_batch_size
+    resolve_run_paths(cfg)
+    critic.model.path = expand_user(critic.model.path)
+    cfg.reward.custom_reward_function.path = expand_user(cfg.reward.custom_reward_function.path)
+    if trainer.resume_mode.startswith("~"):
+        trainer.resume_mode = os.path.expanduser(trainer.resume_mode)
+    return cfg
+
+
+def expand_user(path: str | list[str] | None) -> str | list[str] | None:
+    """``~`` expanded in a path or a list of paths (None stays None)."""
+    if isinstance(path, list):
+        return [os.path.expanduser(p) for p in path]
+    return os.path.expanduser(path) if path is not None else None
+
+
+def resolve_run_paths(cfg) -> None:
+    """What ``lmrl train`` and ``lmrl sft`` resolve alike: ``data.seed`` (= trainer.seed),
+    the run directory (``checkpoints/<project>/<experiment>``), and ``~`` in paths."""
+    data, trainer = cfg.data, cfg.trainer
+    if data.seed is None:
+        data.seed = trainer.seed
     if trainer.default_local_dir is None:
         trainer.default_local_dir = os.path.join(
             "checkpoints", trainer.project_name, trainer.experiment_name
         )
-
-    def expand(path: str | list[str] | None) -> str | list[str] | None:
-        if isinstance(path, list):
-            return [os.path.expanduser(p) for p in path]
-        return os.path.expanduser(path) if path is not None else None
-
-    cfg.model.path = expand(cfg.model.path)
-    critic.model.path = expand(critic.model.path)
-    data.train_files = expand(data.train_files)
-    data.val_files = expand(data.val_files)
-    trainer.default_local_dir = expand(trainer.default_local_dir)
-    cfg.reward.custom_reward_function.path = expand(cfg.reward.custom_reward_function.path)
-    if trainer.resume_mode.startswith("~"):
-        trainer.resume_mode = os.path.expanduser(trainer.resume_mode)
-    return cfg
+    cfg.model.path = expand_user(cfg.model.path)
+    data.train_files = expand_user(data.train_files)
+    data.val_files = expand_user(data.val_files)
+    trainer.default_local_dir = expand_user(trainer.default_local_dir)
 
 
 def validate_config(cfg: Config, *, notices: list[str] | None = None) -> None:

@@ -12,8 +12,7 @@ The names below are imported lazily (PEP 562), so ``lmrl tasks`` does not import
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lmrl._lazy import lazy_exports
 
 _EXPORTS = {
     "RLDataset": "lmrl.data.dataset",
@@ -29,11 +28,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'lmrl.data' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

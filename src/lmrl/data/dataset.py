@@ -121,7 +121,7 @@ def read_records(path: str | Path) -> list[Any]:
 
 
 # ---------------------------------------------------------------------------- checking
-def _check_prompt(value: Any, where: str) -> str | list[dict[str, str]]:
+def check_prompt(value: Any, where: str) -> str | list[dict[str, str]]:
     """A prompt as a stripped-of-None message list or a string; raise naming ``where``."""
     if isinstance(value, str):
         if not value.strip():
@@ -188,7 +188,7 @@ def check_row(
     for column in (prompt_key, reward_fn_key):
         if column not in row:
             raise ValueError(f"{where(column)}: missing (columns there: {sorted(row)})")
-    prompt = _check_prompt(row[prompt_key], where(prompt_key))
+    prompt = check_prompt(row[prompt_key], where(prompt_key))
     data_source = row[reward_fn_key]
     if not isinstance(data_source, str) or not data_source:
         raise ValueError(f"{where(reward_fn_key)}: must be a non-empty string, got {data_source!r}")

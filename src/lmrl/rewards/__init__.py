@@ -13,8 +13,7 @@ only the scorers and the function wrappers, never pay for importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from lmrl._lazy import lazy_exports
 
 _EXPORTS = {
     "SCORERS": "lmrl.rewards.scorers",
@@ -37,11 +36,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'lmrl.rewards' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -47,7 +47,7 @@ import torch
 from lmrl.algos.agg import AggNorm, agg_loss
 from lmrl.config.loader import save_config
 from lmrl.config.sft import SFTConfig
-from lmrl.data.dataset import _check_prompt, read_records
+from lmrl.data.dataset import check_prompt, read_records
 from lmrl.data.sampler import PromptSampler
 from lmrl.logging.trackers import make_trackers
 from lmrl.models.forward import eval_mode, forward_log_probs
@@ -176,7 +176,7 @@ def row_segments(
     elif response_key in row:
         response, response_col = row[response_key], response_key
     elif messages_key in row:
-        messages = _check_prompt(row[messages_key], f"{where}: column {messages_key!r}")
+        messages = check_prompt(row[messages_key], f"{where}: column {messages_key!r}")
         if isinstance(messages, str):
             raise ValueError(
                 f"{where}: column {messages_key!r} must be a list of chat messages, got a string"
@@ -194,7 +194,7 @@ def row_segments(
         )
     if prompt_key not in row:
         raise ValueError(f"{where}: column {prompt_key!r}: missing (columns there: {sorted(row)})")
-    prompt = _check_prompt(row[prompt_key], f"{where}: column {prompt_key!r}")
+    prompt = check_prompt(row[prompt_key], f"{where}: column {prompt_key!r}")
     if isinstance(prompt, str):
         return [Segment(prompt, False, special_tokens=True), Segment(response, True, eos=True)]
     messages = [*prompt, {"role": "assistant", "content": response}]
