@@ -350,3 +350,21 @@ def test_example_configs_cover_the_recipes():
     assert {p.stem for p in EXAMPLES} >= {
         "grpo", "ppo", "dapo", "gspo", "dr_grpo", "reinforce_pp", "rloo", "lora"
     }  # fmt: skip
+
+
+def test_non_finite_loss_skips_the_optimizer_step(workspace):
+    cfg = load_config(None, [*base_overrides(workspace, "run_nan"), "algorithm.adv_estimator=grpo"])
+    trainer = Trainer(cfg)
+    batch = trainer.engine.generate(trainer.train_data.get_batch([0, 1, 2, 3]), 4, trainer.sampling)
+    batch["old_log_probs"], _ = trainer.actor.compute_log_prob(batch)
+    advantages = torch.ones_like(batch["old_log_probs"])
+    advantages[0, 0] = float("nan")  # one poisoned token in the first mini-batch
+    batch["advantages"] = advantages * batch["response_mask"]
+    before = {n: p.detach().clone() for n, p in trainer.actor.model.named_parameters()}
+    metrics = trainer.actor.update_policy(batch)
+    assert metrics["actor/skipped_steps"] == 1.0  # the other mini-batch still stepped
+    changed = [
+        n for n, p in trainer.actor.model.named_parameters() if not torch.equal(p, before[n])
+    ]
+    assert changed
+    assert all(torch.isfinite(p).all() for p in trainer.actor.model.parameters())
