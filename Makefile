@@ -20,6 +20,9 @@ venv: $(VENV)/.installed
 test: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
+demo: venv
+	HF_HUB_OFFLINE=1 $(VENV)/bin/lmrl demo
+
 lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks

@@ -85,6 +85,16 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from lmrl.trainer.demo import run_demo
+
+    run_demo(args.out, seed=args.seed, fast=args.fast)
+    return 0
+
+
 def _eval(args: argparse.Namespace) -> int:
     import json
     import logging
@@ -167,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="image path (default RUN_DIR/plot.png)")
     p.add_argument("--smooth", type=float, default=0.0, help="EMA weight in [0, 1); 0 = raw")
     p.set_defaults(func=_plot)
+
+    p = sub.add_parser(
+        "demo", help="tiny model, digits task, SFT warm start, then GRPO on the CPU (~2-4 min)"
+    )
+    p.add_argument("--out", type=Path, default=Path("lmrl-demo"),
+                   help="directory of the whole demo, started fresh (default lmrl-demo)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the model, data and training")
+    p.add_argument("--fast", action="store_true",
+                   help="a smoke run in seconds: a tinier model and a few steps (learns nothing)")  # fmt: skip
+    p.set_defaults(func=_demo)
     return parser
 
 

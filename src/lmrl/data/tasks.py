@@ -217,6 +217,7 @@ def generate_rows(
     num_train: int | None = None,
     num_test: int | None = None,
     seed: int = 0,
+    prompt_format: str | None = None,
     **options: Any,
 ) -> dict[str, list[dict[str, Any]]]:
     """Generate both splits of a task as lists of verl-style rows.
@@ -225,6 +226,10 @@ def generate_rows(
         name: a key of ``TASKS``.
         num_train, num_test: split sizes (default the task's).
         seed: the generator's seed.
+        prompt_format: None writes the prompt as chat messages (``[{"role": "user",
+            "content": ...}]``, templated at training time); a format string with one ``{}``
+            writes it as a plain string, used verbatim without a chat template (e.g.
+            ``"{}="`` gives ``"reverse 48213="``: shorter prompts for tiny models).
         **options: passed to the task's generator (e.g. ``op="sort"`` for ``digits``).
 
     Returns:
@@ -235,6 +240,12 @@ def generate_rows(
             sizes asked.
     """
     spec = get_task(name)
+    if prompt_format is not None and (
+        not isinstance(prompt_format, str) or prompt_format.count("{}") != 1
+    ):
+        raise ValueError(
+            f"prompt_format must be None or a string with exactly one '{{}}', got {prompt_format!r}"
+        )
     sizes = {
         "test": spec.num_test if num_test is None else num_test,
         "train": spec.num_train if num_train is None else num_train,
@@ -262,7 +273,11 @@ def generate_rows(
             rows.append(
                 {
                     "data_source": name,
-                    "prompt": [{"role": "user", "content": content}],
+                    "prompt": (
+                        [{"role": "user", "content": content}]
+                        if prompt_format is None
+                        else prompt_format.replace("{}", content)
+                    ),
                     "ability": spec.ability,
                     "reward_model": {"style": "rule", "ground_truth": truth},
                     "extra_info": {"split": split, "index": len(rows), **extra},
@@ -278,6 +293,7 @@ def write_task(
     seed: int = 0,
     num_train: int | None = None,
     num_test: int | None = None,
+    prompt_format: str | None = None,
     **options: Any,
 ) -> dict[str, Path]:
     """Generate a built-in task and write ``train.parquet`` and ``test.parquet``.
@@ -287,6 +303,8 @@ def write_task(
         out_dir: the directory to write (created if missing).
         seed: the generator's seed (same seed, same files).
         num_train, num_test: split sizes (default the task's).
+        prompt_format: None = chat-message prompts; a string with one ``{}`` = plain-string
+            prompts (see `generate_rows`).
         **options: passed to the task's generator.
 
     Returns:
@@ -298,7 +316,7 @@ def write_task(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    splits = generate_rows(name, num_train, num_test, seed, **options)
+    splits = generate_rows(name, num_train, num_test, seed, prompt_format, **options)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
