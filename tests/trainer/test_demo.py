@@ -1,24 +1,100 @@
-"""`lmrl demo`: a smoke run of the whole pipeline (tiny model, digits, SFT, GRPO, plot)."""
+"""``lmrl demo``: a fast smoke run end to end through the command line, starting fresh over a
+previous demo, refusing a directory that is not one; the demo's data files and the
+plain-prompt option of the task writer."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
+import pytest
+
 from lmrl.cli import main as cli_main
+from lmrl.data.tasks import generate_rows
+from lmrl.trainer.demo import ACC_KEY, SUMMARY_FILE, run_demo, write_demo_data
+
+SUMMARY_KEYS = {
+    "out_dir", "sft_dir", "sft_model", "rl_dir", "metrics", "plot", "checkpoint", "sft_steps",
+    "rl_steps", "acc_after_sft", "acc_before_rl", "acc_after_rl", "sft_seconds", "rl_seconds",
+    "seconds",
+}  # fmt: skip
 
 
-def test_demo_fast_runs_the_whole_pipeline(tmp_path, capsys):
+def test_fast_demo_through_the_cli(tmp_path, capsys):
     out = tmp_path / "demo"
-    assert cli_main(["demo", "--out", str(out), "--fast"]) == 0
-    summary = json.loads((out / "demo.json").read_text())
-    for key in ("plot", "checkpoint", "sft_model", "metrics", "acc_after_sft", "acc_after_rl"):
-        assert key in summary, key
-    assert (out / "demo.json").exists()
-    assert Path(summary["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert (Path(summary["checkpoint"]) / "manifest.json").exists()
-    rows = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
-    assert any("val/digits/acc" in row for row in rows)
-    assert 0.0 <= summary["acc_after_rl"] <= 1.0
+    assert cli_main(["demo", "--fast", "--out", str(out), "--seed", "1"]) == 0
     printed = capsys.readouterr().out
-    assert str(summary["plot"]) in printed
+
+    summary = json.loads((out / SUMMARY_FILE).read_text())
+    assert set(summary) == SUMMARY_KEYS
+    for key in ("plot", "checkpoint", "rl_dir", "sft_model"):
+        assert summary[key] in printed
+    assert summary["sft_steps"] == 3 and summary["rl_steps"] == 2
+    for key in ("acc_after_sft", "acc_before_rl", "acc_after_rl"):
+        assert 0.0 <= summary[key] <= 1.0
+
+    assert Path(summary["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    checkpoint = Path(summary["checkpoint"])
+    assert checkpoint == out / "rl" / "global_step_2"
+    assert (checkpoint / "actor.safetensors").stat().st_size > 0
+    assert (checkpoint / "manifest.json").is_file()  # a complete checkpoint
+    assert (Path(summary["sft_model"]) / "config.json").is_file()
+
+    lines = [json.loads(line) for line in Path(summary["metrics"]).read_text().splitlines()]
+    validated = {line["step"]: line[ACC_KEY] for line in lines if ACC_KEY in line}
+    assert set(validated) == {0, 1, 2}  # before training and every step (test_freq=1)
+    assert validated[0] == summary["acc_before_rl"]
+    assert validated[2] == summary["acc_after_rl"]
+    # the warm start measured its greedy accuracy after its steps
+    sft_lines = [json.loads(line) for line in (out / "sft" / "metrics.jsonl").open()]
+    assert [line["step"] for line in sft_lines if "sft/val_acc" in line] == [1, 2]
+
+
+def test_a_previous_demo_is_replaced(tmp_path):
+    out = tmp_path / "demo"
+    run_demo(out, fast=True, console=False)
+    stale = out / "rl" / "stale.txt"
+    stale.write_text("from an earlier run")
+    summary = run_demo(out, fast=True, console=False)
+    assert not stale.exists()
+    assert Path(summary["checkpoint"]).is_dir()
+
+
+def test_refuses_a_directory_that_is_not_a_demo(tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="not a previous lmrl demo"):
+        run_demo(out, fast=True, console=False)
+    assert cli_main(["demo", "--fast", "--out", str(out)]) == 2
+    assert "not a previous lmrl demo" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_the_warm_start_examples_are_2_to_8_digits_never_validated_on(tmp_path):
+    paths = write_demo_data(tmp_path, seed=0, num_train=300, num_val=200, prompt_format=None)
+    tables = {name: pq.read_table(path).to_pylist() for name, path in paths.items()}
+
+    def numbers(split):
+        return [row["prompt"][0]["content"].split()[1] for row in tables[split]]
+
+    assert len(tables["sft"]) == 300
+    assert {len(x) for x in numbers("sft")} == set(range(2, 9))
+    assert {len(x) for x in numbers("train")} == {4, 5, 6}
+    assert not set(numbers("sft")) & set(numbers("test"))
+    assert all(row["reward_model"]["ground_truth"] == x[::-1]
+               for row, x in zip(tables["sft"], numbers("sft"), strict=True))  # fmt: skip
+
+
+def test_plain_string_prompts_of_the_task_writer():
+    rows = generate_rows("digits", num_train=3, num_test=2, seed=0, prompt_format="{}=")
+    chat = generate_rows("digits", num_train=3, num_test=2, seed=0)
+    for split in ("train", "test"):
+        for plain, templated in zip(rows[split], chat[split], strict=True):
+            assert plain["prompt"] == templated["prompt"][0]["content"] + "="
+            assert plain["prompt"].startswith("reverse ")
+            assert plain["reward_model"] == templated["reward_model"]
+    for bad in ("no placeholder", "{}{}", 3):
+        with pytest.raises(ValueError, match="prompt_format"):
+            generate_rows("digits", num_train=1, num_test=1, prompt_format=bad)
