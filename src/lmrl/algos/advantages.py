@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from lmrl.algos.checks import as_bool_mask, check_2d, check_same_shape
-from lmrl.algos.masked import masked_sum, masked_whiten
+from lmrl.algos.masked import keep_float, masked_sum, masked_whiten, whiten_kept, zero_outside
 from lmrl.algos.registry import Registry
 
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -40,6 +40,7 @@ GroupIndex = torch.Tensor | np.ndarray | Sequence
 # Largest total log-decay allowed inside one chunk of the scan: exp(+-500) stays well inside
 # float64's range, so the closed form below neither overflows nor underflows.
 _MAX_LOG_SPAN = 500.0
+_MAX_LOG_SPAN_FP32 = 60.0  # float32: exp(60) * |values| below float32's max for |values| < 1e12
 _MIN_RATE = 1e-30  # a rate of 0 is treated as 1e-30: contributions below 1e-30 relative.
 
 
@@ -91,14 +92,8 @@ def reverse_discounted_scan(
     At masked positions nothing happens: the running value is carried through unchanged
     (multi-turn observation tokens are skipped, not reset), and the output there is 0.
 
-    Closed form: in reversed time, with ``c_u`` the number of valid tokens up to ``u``,
-    ``x_u = rate^c_u * sum_{s <= u} rate^-c_s b_s``: a running product for the weights and one
-    cumulative sum of increasing terms (no cancellation), both in float64, updated in place.
-    Chunks of tokens keep ``rate^-c`` below ``exp(_MAX_LOG_SPAN)``; a short loop carries ``x``
-    across chunks (one chunk up to thousands of tokens for ``gamma * lam >= 0.9``).
-
     Args:
-        inputs: (B, T) the ``b_t``; values at masked positions are ignored.
+        inputs: (B, T) the ``b_t``; values at masked positions are ignored (NaN included).
         response_mask: bool (B, T).
         rate: the decay per valid token, in [0, 1].
     Returns:
@@ -106,28 +101,58 @@ def reverse_discounted_scan(
     """
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"the discount rate must be in [0, 1], got {rate}")
-    valid = as_bool_mask("response_mask", response_mask).flip(-1)  # reversed time
-    b = torch.where(valid, inputs.flip(-1), 0.0)
+    mask = as_bool_mask("response_mask", response_mask)
+    check_same_shape(inputs=inputs, response_mask=mask)
+    work = _work_dtype(inputs)
+    scanned = _scan(zero_outside(inputs, mask).to(work), mask, rate)
+    return scanned.mul_(keep_float(mask, work)).to(inputs.dtype)
+
+
+def _work_dtype(t: torch.Tensor) -> torch.dtype:
+    """The scans' working precision. CPU scan kernels (``cumsum``, ``cumprod``) accumulate in
+    float64 whatever the tensor's type, so float32 loses nothing there; other devices
+    accumulate in the tensor's own type, so they work in float64."""
+    if t.device.type != "cpu" or t.dtype == torch.float64:
+        return torch.float64
+    return torch.float32
+
+
+def _scan(b: torch.Tensor, mask: torch.Tensor, rate: float) -> torch.Tensor:
+    """The running value ``y_t = keep_t * b_t + a_t * y_{t+1}`` (``y_T = 0``), with decay
+    ``a_t = rate`` at valid and 1 at masked positions, so ``y`` is the solution at the valid
+    positions and carries it through the masked ones (the caller zeroes those).
+
+    Closed form, in reversed time ``u`` (the flips are cheap copies): with ``w_u`` the product
+    of ``1/a`` up to ``u``, ``y_u = (1/w_u) * sum_{s <= u} w_s b_s``: one running product
+    and one cumulative sum of increasing terms (no cancellation), in place. ``w`` restarts
+    every chunk of columns so it stays below ``exp(span)``, and a short loop over the chunks
+    carries ``y`` across (chunks of ~1200 tokens for ``rate = 0.95``, ~6000 for 0.99).
+
+    Args:
+        b: (B, T) finite, 0 outside the mask; mask: bool (B, T).
+    Returns:
+        (B, T) ``y``, a new tensor (nonzero at masked positions).
+    """
+    if rate == 1.0:  # no discount: a plain reverse cumulative sum
+        return b.flip(-1).cumsum_(-1).flip(-1)
+    rate = max(rate, _MIN_RATE)
+    span = _MAX_LOG_SPAN if b.dtype == torch.float64 else _MAX_LOG_SPAN_FP32
     length = b.shape[-1]
-    log_rate = math.log(max(rate, _MIN_RATE))
-    if log_rate == 0.0:  # no discount: a plain cumulative sum
-        x = b.cumsum(-1, dtype=torch.float64)
-    else:
-        chunk = max(1, min(length, int(_MAX_LOG_SPAN / -log_rate)))
-        one = torch.ones((), dtype=torch.float64, device=b.device)
-        # rate^-c, c = valid tokens so far: a running product, restarted in each chunk
-        weights = torch.where(valid, one / math.exp(log_rate), one)
-        x = torch.empty_like(weights)
-        carry = None
-        for start in range(0, length, chunk):
-            cols = slice(start, min(start + chunk, length))
-            w, xs = weights[:, cols].cumprod_(-1), x[:, cols]
-            torch.mul(b[:, cols], w, out=xs)
-            xs.cumsum_(-1).div_(w)
-            if carry is not None:
-                xs.addcdiv_(carry, w)  # the value carried in decays by rate^c
-            carry = xs[:, -1:].clone()
-    return x.to(inputs.dtype).masked_fill_(~valid, 0.0).flip(-1)
+    chunk = max(1, min(length, int(span / -math.log(rate))))
+    # 1/a per position (1/rate where valid, 1 where masked), multiplied up in float64: a
+    # float32 1/rate is off by up to 6e-8, an error that compounds along the product.
+    weights = keep_float(mask.flip(-1), torch.float64).mul_(1.0 / rate - 1.0).add_(1.0)
+    b = b.flip(-1)
+    y = torch.empty_like(b)
+    carry = None
+    for start in range(0, length, chunk):
+        cols = slice(start, min(start + chunk, length))
+        w, ys = weights[:, cols].cumprod_(-1).to(b.dtype), y[:, cols]
+        torch.mul(b[:, cols], w, out=ys).cumsum_(-1).div_(w)
+        if carry is not None:
+            ys.addcdiv_(carry, w)  # the value carried in decays by the chunk's product of a
+        carry = ys[:, -1:].clone()
+    return y.flip(-1)
 
 
 def _next_valid_values(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -207,20 +232,21 @@ def compute_gae_advantage_return(
     _need("values", values, "gae")
     mask = _check_inputs(token_level_rewards, response_mask, values=values)
     dtype = token_level_rewards.dtype
-    values = torch.where(mask, values.to(dtype), 0.0)
+    values = zero_outside(values.to(dtype), mask)
     if lam > 0:
         # With w = (gamma lam)^(valid steps), A_t = sum_s w (r_s + gamma V_s' - V_s) regroups as
         # sum_s w (r_s + (1/lam - 1) V_s) - V_t / lam: one scan, no next-value lookup.
         # small lam magnifies V by 1/lam and then cancels it: do that part in float64
-        work = torch.float64 if lam < 0.5 else dtype
-        rewards, values_w = token_level_rewards.to(work), values.to(work)
-        scanned = reverse_discounted_scan(rewards + (1.0 / lam - 1.0) * values_w, mask, gamma * lam)
-        advantages = torch.where(mask, scanned - values_w / lam, 0.0).to(dtype)
+        work = torch.float64 if lam < 0.5 else _work_dtype(token_level_rewards)
+        keep, values_w = keep_float(mask, work), values.to(work)
+        rewards = zero_outside(token_level_rewards, mask).to(work)
+        scanned = _scan(rewards.add_(values_w, alpha=1.0 / lam - 1.0), mask, gamma * lam)
+        advantages = scanned.mul_(keep).sub_(values_w, alpha=1.0 / lam).to(dtype)
     else:  # TD(0): A_t = delta_t
         deltas = token_level_rewards + gamma * _next_valid_values(values, mask) - values
-        advantages = torch.where(mask, deltas, 0.0)
-    returns = torch.where(mask, advantages + values, 0.0)
-    return masked_whiten(advantages, mask), returns
+        advantages = zero_outside(deltas, mask)
+    returns = advantages + values  # both 0 outside the mask
+    return whiten_kept(advantages, keep_float(mask, dtype)), returns
 
 
 @advantage_estimators.register("grpo", needs=("index",))
@@ -337,8 +363,10 @@ def compute_reinforce_plus_plus_outcome_advantage(
         advantages (B, T) = whitened returns, returns (B, T).
     """
     mask = _check_inputs(token_level_rewards, response_mask)
-    returns = reverse_discounted_scan(token_level_rewards, mask, gamma)
-    return masked_whiten(returns, mask), returns
+    dtype, work = token_level_rewards.dtype, _work_dtype(token_level_rewards)
+    keep = keep_float(mask, work)
+    returns = _scan(zero_outside(token_level_rewards, mask).to(work), mask, gamma).mul_(keep)
+    return whiten_kept(returns, keep).to(dtype), returns.to(dtype)
 
 
 @advantage_estimators.register("reinforce_plus_plus_baseline", needs=("index",))

@@ -71,11 +71,12 @@ def k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """``ratio - log(ratio) - 1`` with ``ratio = pi_ref / pi``: unbiased and >= 0.
 
     For stability the log-ratio is clamped to [-20, 20] before ``exp`` and the estimate to
-    [-10, 10] (seed 000, errata). Shapes as ``k1``.
+    [-10, 10] (seed 000, errata). Shapes as ``k1``. Computed as ``expm1(x) - x``, not
+    ``exp(x) - 1 - x`` (which cancels to -1e-16 for |x| ~ 1e-10), and kept >= 0 as it is.
     """
     log_ratio = torch.clamp(ref_log_prob - log_prob, -_K3_LOG_RATIO_CLAMP, _K3_LOG_RATIO_CLAMP)
-    kld = torch.exp(log_ratio) - log_ratio - 1.0
-    return torch.clamp(kld, -_K3_OUTPUT_CLAMP, _K3_OUTPUT_CLAMP)
+    kld = torch.expm1(log_ratio) - log_ratio
+    return torch.clamp(kld, 0.0, _K3_OUTPUT_CLAMP)
 
 
 @kl_estimators.register("full")
