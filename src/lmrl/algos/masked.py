@@ -105,18 +105,17 @@ def _masked_moments(values: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Ten
 
 
 def _moments(kept: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Centered values (``kept - mean``, a new tensor: ``-mean`` outside the mask), count,
-    mean, unbiased variance, of values already 0 outside the mask.
+    """Centered values (``kept - mean`` inside the mask, 0 outside: a new tensor), count,
+    mean, unbiased variance, of values already 0 outside the mask; ``keep`` is the mask as
+    0/1 floats.
 
     Two passes (mean, then squared deviations) for stability, with torch's cascade
-    summation; outside the mask the centered values are ``-mean``, whose squares are
-    subtracted exactly. With fewer than two positions the variance is 0.
+    summation. With fewer than two positions the variance is 0.
     """
     n = _count(keep)
     mean = kept.sum().to(torch.float64) / n.clamp(min=1)
-    centered = kept - mean.to(kept.dtype)
+    centered = torch.addcmul(kept, keep, -mean.to(kept.dtype))
     squares = (centered * centered).sum().to(torch.float64)
-    squares = squares - (kept.numel() - n) * mean.square()
     var = (squares / (n - 1).clamp(min=1)).clamp(min=0)
     return centered, n, mean, var
 
@@ -165,5 +164,5 @@ def whiten_kept(
     centered, _, mean, var = _moments(kept, keep)
     whitened = centered.mul_(torch.rsqrt(var + eps).to(kept.dtype))
     if not shift_mean:
-        whitened.add_(mean.to(kept.dtype))
-    return whitened.mul_(keep)
+        whitened.addcmul_(keep, mean.to(kept.dtype))
+    return whitened
