@@ -122,13 +122,14 @@ def _scan(b: torch.Tensor, mask: torch.Tensor, rate: float) -> torch.Tensor:
     ``a_t = rate`` at valid and 1 at masked positions, so ``y`` is the solution at the valid
     positions and carries it through the masked ones (the caller zeroes those).
 
-    Closed form, in reversed time ``u`` (the flips are cheap copies): with ``c_u`` the number
-    of valid positions up to ``u`` and ``w_u = rate^-c_u``, ``y_u = (1/w_u) * sum_{s <= u}
-    w_s b_s``: one integer cumulative count, a table lookup for ``w`` (each entry exact to
-    its own rounding: no error compounds along the sequence) and one cumulative sum of
-    increasing terms (no cancellation), in place. The count restarts every chunk of columns
-    so ``w`` stays below ``exp(span)``, and a short loop over the chunks carries ``y`` across
-    (chunks of ~1200 tokens for ``rate = 0.95`` in float32, ~6000 for 0.99).
+    Closed form, in reversed time ``u`` (the flips are cheap copies): with ``w_u`` the product
+    of ``1/a`` up to ``u``, ``y_u = (1/w_u) * sum_{s <= u} w_s b_s``: one running product
+    and one cumulative sum of increasing terms (no cancellation), in place. The product runs
+    in float64 (a float32 ``1/rate`` is off by up to 6e-8, an error that would compound
+    along it), rounded once to ``b``'s dtype; it restarts every chunk of columns so ``w``
+    stays below ``exp(span)``, and a short loop over the chunks carries ``y`` across (chunks
+    of ~1200 tokens for ``rate = 0.95`` in float32, ~6000 for 0.99). On 2 CPU threads this
+    is ~1.7x faster than an integer count of the valid positions and a table of ``rate^-k``.
 
     Args:
         b: (B, T) finite, 0 outside the mask; mask: bool (B, T).
@@ -141,22 +142,17 @@ def _scan(b: torch.Tensor, mask: torch.Tensor, rate: float) -> torch.Tensor:
     span = _MAX_LOG_SPAN if b.dtype == torch.float64 else _MAX_LOG_SPAN_FP32
     length = b.shape[-1]
     chunk = max(1, min(length, int(span / -math.log(rate))))
-    powers = torch.arange(chunk + 1, dtype=torch.float64, device=b.device)
-    table = powers.mul_(-math.log(rate)).exp_().to(b.dtype)  # table[k] = rate^-k
-    counts = torch.cumsum(mask.flip(-1).view(torch.uint8), -1, dtype=torch.int32)
+    # 1/a per position: 1/rate where valid, 1 where masked
+    factors = keep_float(mask.flip(-1), torch.float64).mul_(1.0 / rate - 1.0).add_(1.0)
     b = b.flip(-1)
     y = torch.empty_like(b)
     carry = None
     for start in range(0, length, chunk):
         cols = slice(start, min(start + chunk, length))
-        count = counts[:, cols]
-        if start > 0:
-            count = count - counts[:, start - 1 : start]  # valid positions in this chunk
-        w = table.index_select(0, count.reshape(-1)).view(count.shape)
-        ys = y[:, cols]
+        w, ys = factors[:, cols].cumprod_(-1).to(b.dtype), y[:, cols]
         torch.mul(b[:, cols], w, out=ys).cumsum_(-1).div_(w)
         if carry is not None:
-            ys.addcdiv_(carry, w)  # the value carried in decays by rate^(valid in chunk)
+            ys.addcdiv_(carry, w)  # the value carried in decays by the chunk's product of a
         carry = ys[:, -1:].clone()
     return y.flip(-1)
 
