@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lmrl.models import compute_log_probs, forward_log_probs, load_causal_lm, trim_batch
-from lmrl.models.forward import fused_head
+from lmrl.models.forward import can_share_prompts, fused_head, prompt_groups
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -109,3 +109,60 @@ def test_gradient_checkpointing_gives_the_same_gradients(qwen_dir, batch):
         grads.append({n: p.grad for n, p in model.named_parameters()})
     for name, g in grads[0].items():
         torch.testing.assert_close(grads[1][name], g, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def _grouped(batch, repeats=(3, 2, 1, 2, 4), seed=5):
+    """Rows of ``batch`` repeated as GRPO groups, each row with its own random response."""
+    index = torch.arange(len(repeats)).repeat_interleave(torch.tensor(repeats))
+    out = batch.index(index)
+    responses = torch.randint(
+        0, 256, out["responses"].shape, generator=torch.Generator().manual_seed(seed)
+    )
+    responses[~out["response_mask"]] = 256
+    out["responses"] = responses
+    out["input_ids"] = torch.cat([out["prompts"], responses], 1)
+    return out
+
+
+def test_prompt_groups_finds_shared_prompts(batch):
+    assert prompt_groups(trim_batch(batch)) is None  # every prompt distinct
+    first, inverse = prompt_groups(trim_batch(_grouped(batch)))
+    assert len(first) == 5 and inverse.shape == (12,)
+    assert torch.equal(inverse[first], torch.arange(5))  # first rows map to themselves
+    groups = torch.arange(5).repeat_interleave(torch.tensor([3, 2, 1, 2, 4]))
+    same_prompt = inverse[:, None] == inverse[None]
+    assert torch.equal(same_prompt, groups[:, None] == groups[None])  # one prompt per group
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prompts_equal_the_full_forward(qwen_dir, batch, temperature):
+    grouped = _grouped(batch)
+    mask = grouped["response_mask"]
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
+    results = []
+    for share in (True, False):
+        model = load_causal_lm(qwen_dir).train()
+        logp, ent = forward_log_probs(
+            model, grouped, temperature, with_entropy=True, share_prompts=share
+        )
+        ((logp * weights).sum() + 0.1 * (ent * weights).sum()).backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        results.append((logp.detach(), ent.detach(), grads))
+    (logp, ent, grads), (ref_logp, ref_ent, ref_grads) = results
+    torch.testing.assert_close(logp, ref_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+    assert (logp[~mask] == 0).all()
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, atol=1e-5, rtol=1e-5, msg=name)
+    # and the no-grad path (old / reference log-probs), micro-batches splitting groups
+    model = load_causal_lm(qwen_dir)
+    no_grad, _ = compute_log_probs(model, grouped, 5, temperature)
+    torch.testing.assert_close(no_grad, ref_logp, atol=1e-5, rtol=0)
+
+
+def test_can_share_prompts_only_without_checkpointing_or_sliding_windows(qwen_dir):
+    assert can_share_prompts(load_causal_lm(qwen_dir))
+    assert not can_share_prompts(load_causal_lm(qwen_dir, gradient_checkpointing=True))
+    sliding = load_causal_lm(qwen_dir)
+    sliding.config.layer_types = ["sliding_attention", "full_attention"]
+    assert not can_share_prompts(sliding)

@@ -7,7 +7,7 @@ import torch
 
 from lmrl.models import apply_lora, build_tiny_model, compute_log_probs, load_causal_lm
 from lmrl.rollout import HFEngine, SamplingParams
-from lmrl.rollout.hf import _truncate
+from lmrl.rollout.hf import _draw, _first_rows, _truncate
 
 EOS, PAD = 258, 256
 TEXTS = ["hello", "a", "what is 2+2?"]
@@ -222,6 +222,25 @@ def test_micro_batches_and_given_position_ids_change_nothing(model, tokenizer, e
         torch.testing.assert_close(other["rollout_log_probs"], full["rollout_log_probs"])
 
 
+def test_shared_prefill_equals_per_row_prefill(model, tokenizer, encode):
+    """The n samples of a prompt prefill it once; the rollout is that of n separate prefills."""
+    engine = HFEngine(model.eval(), tokenizer)
+    prompts = encode(TEXTS)
+    rows = torch.arange(3).repeat_interleave(4)
+    first, inverse = _first_rows(rows)
+    assert torch.equal(first, torch.tensor([0, 4, 8])) and torch.equal(inverse, rows)
+    ids, mask = prompts["input_ids"][rows], prompts["attention_mask"][rows]
+    sampling = SamplingParams(max_new_tokens=8, seed=3)
+    outs = []
+    with torch.inference_mode():
+        for groups in ((first, inverse), (None, None)):
+            generator = torch.Generator().manual_seed(3)
+            outs.append(engine._sample(ids, mask, None, sampling, generator, *groups))
+    (responses, response_mask, log_probs), (ref_responses, ref_mask, ref_log_probs) = outs
+    assert torch.equal(responses, ref_responses) and torch.equal(response_mask, ref_mask)
+    torch.testing.assert_close(log_probs, ref_log_probs, atol=1e-5, rtol=0)
+
+
 def test_train_flags_restored(model, tokenizer, encode):
     model.train()
     model.model.layers[0].eval()  # a mixed state must come back as it was
@@ -254,3 +273,14 @@ def test_truncate_by_hand():
     assert _truncate(logits, top_k=0, top_p=0.7).tolist() == [[3.0, 2.0, inf, inf]]
     assert _truncate(logits, top_k=3, top_p=0.95).tolist() == [[3.0, 2.0, 1.0, inf]]
     assert _truncate(logits, top_k=10, top_p=1.0).tolist() == logits.tolist()
+
+
+def test_draw_samples_the_distribution_and_never_a_zero():
+    probs = torch.tensor([[0.0, 0.1, 0.0, 0.5, 0.4, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 2.0]])
+    rows = probs.repeat(50_000, 1)  # unnormalized rows are fine
+    tokens = _draw(rows, torch.Generator().manual_seed(0)).view(50_000, 2)
+    freq = torch.stack([torch.bincount(tokens[:, i], minlength=6) for i in range(2)]) / 50_000
+    torch.testing.assert_close(freq, probs / probs.sum(1, keepdim=True), atol=0.01, rtol=0)
+    assert (freq[probs == 0] == 0).all()
+    again = _draw(rows, torch.Generator().manual_seed(0)).view(50_000, 2)
+    assert torch.equal(tokens, again)

@@ -231,7 +231,13 @@ def test_micro_batch_invariance_of_the_actor_update(workspace):
     for name in grads_a:
         torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-6, rtol=1e-5)
     for name in params_a:
-        torch.testing.assert_close(params_a[name], params_b[name], atol=1e-5, rtol=0)
+        # Adam's first step moves a weight by lr * g / (|g| + eps): where |g| is near eps
+        # (1e-8), a 1e-10 rounding difference in g changes that step by ~5e-5 (lr = 0.01),
+        # so those weights are compared through their gradients above, not their updates.
+        conditioned = grads_a[name].abs() > 1e-6 if name in grads_a else slice(None)
+        torch.testing.assert_close(
+            params_a[name][conditioned], params_b[name][conditioned], atol=1e-5, rtol=0
+        )
 
 
 def test_concat_rollouts_aligns_widths(workspace):

@@ -12,7 +12,15 @@ position ``P - 1 + t``. Two choices keep this cheap:
   :func:`lmrl.algos.logprob.log_probs_from_hidden`, so the (B, T, V) logits exist only one
   chunk of rows at a time, in forward and backward. Otherwise (a head with hooks or LoRA on it,
   logit scaling or soft-capping in the config) the model's own logits are used, only at the
-  response positions, through the chunked :func:`~lmrl.algos.logprob.log_probs_from_logits`.
+  response positions, through the chunked :func:`~lmrl.algos.logprob.log_probs_from_logits`;
+- shared prompts: GRPO's ``G`` samples of a prompt repeat the same prompt ``G`` times. When
+  rows of a micro-batch share their prompt, the backbone runs each distinct prompt once, its
+  key/value cache is gathered to every row (a differentiable ``index_select``: gradients from
+  all ``G`` responses flow back into the one prompt pass), and only the response tokens run per
+  row. A step's forward and backward then cost ``P + G * T`` tokens per group instead of
+  ``G * (P + T)``; the maths is the same attention over the same keys (equal to the full
+  forward up to float rounding). Used on the fused-head path, without gradient checkpointing,
+  on models whose layers all attend to the full past (`can_share_prompts`).
 
 Log-probs and entropy at padded response positions are 0.
 """
@@ -158,12 +166,86 @@ def fused_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     return backbone, head
 
 
+def prompt_groups(trimmed: Trimmed) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows of a trimmed micro-batch that share their prompt columns.
+
+    Returns:
+        ``(first, inverse)``: ``first`` (U,) a row index of each distinct prompt, ``inverse``
+        (B,) the distinct prompt of each row; None when every row's prompt is distinct.
+    """
+    width = trimmed.start + 1  # prompt columns of the trimmed batch
+    key = torch.cat(
+        [
+            trimmed.input_ids[:, :width],
+            trimmed.attention_mask[:, :width].long(),
+            trimmed.position_ids[:, :width],
+        ],
+        dim=1,
+    )
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    count = int(inverse.max()) + 1 if inverse.numel() else 0
+    if count == key.shape[0]:
+        return None
+    rows = torch.arange(key.shape[0], device=key.device)
+    first = torch.full((count,), key.shape[0], dtype=torch.long, device=key.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return first, inverse
+
+
+def can_share_prompts(model: nn.Module) -> bool:
+    """Whether `shared_prompt_hidden` applies: no gradient checkpointing (it recomputes layers
+    without the cache) and every layer attends to the full past (a sliding-window layer's
+    cache keeps only the window, so a prompt longer than it would not match the full pass)."""
+    if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+        return False
+    config = getattr(unwrap(model), "config", None)
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return all(t == "full_attention" for t in layer_types)
+
+
+def shared_prompt_hidden(
+    backbone: nn.Module, trimmed: Trimmed, first: torch.Tensor, inverse: torch.Tensor
+) -> torch.Tensor:
+    """The hidden states that predict the response tokens, with each distinct prompt run once.
+
+    Args:
+        backbone: the decoder without its head (``fused_head(model)[0]``).
+        trimmed: the micro-batch (B rows, ``start + 1`` prompt columns, ``kept`` responses).
+        first, inverse: from `prompt_groups`.
+
+    Returns:
+        (B, kept, H): row ``b``'s hidden state at the positions that predict its response
+        tokens ``0 .. kept-1`` (the last prompt position, then the responses but the last).
+    """
+    width = trimmed.start + 1
+    prompt = backbone(
+        input_ids=trimmed.input_ids[first, :width],
+        attention_mask=trimmed.attention_mask[first, :width].long(),
+        position_ids=trimmed.position_ids[first, :width],
+        use_cache=True,
+    )
+    cache = prompt.past_key_values
+    cache.reorder_cache(inverse)  # (U, heads, P', d) -> (B, heads, P', d), differentiable
+    last = prompt.last_hidden_state[inverse, -1:]  # (B, 1, H)
+    if trimmed.kept == 1:
+        return last
+    responses = backbone(
+        input_ids=trimmed.input_ids[:, width : width + trimmed.kept - 1],
+        attention_mask=trimmed.attention_mask[:, : width + trimmed.kept - 1].long(),
+        position_ids=trimmed.position_ids[:, width : width + trimmed.kept - 1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([last, responses.last_hidden_state], dim=1)
+
+
 def forward_log_probs(
     model: nn.Module,
     batch,
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int | None = None,
+    share_prompts: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of ``batch["responses"]`` under ``model``, differentiable.
 
@@ -177,6 +259,8 @@ def forward_log_probs(
         temperature: the sampling temperature the logits are divided by.
         with_entropy: also return the per-token entropy of ``softmax(logits / temperature)``.
         chunk_size: rows per chunk in :mod:`lmrl.algos.logprob` (default ~64 MB of fp32).
+        share_prompts: run each distinct prompt of the batch once (see the module docstring);
+            False always runs every row in full.
 
     Returns:
         ``(log_probs, entropy)``: (B, T) fp32 on the model's device, 0 at padded response
@@ -184,10 +268,16 @@ def forward_log_probs(
     """
     trimmed = trim_batch(batch, _model_device(model))
     head = fused_head(model)
+    groups = None
+    if head is not None and share_prompts and can_share_prompts(model):
+        groups = prompt_groups(trimmed)
     if head is not None:
         backbone, lm_head = head
-        hidden = backbone(**trimmed.model_inputs()).last_hidden_state
-        hidden = hidden[:, trimmed.start : trimmed.start + trimmed.kept]
+        if groups is not None:
+            hidden = shared_prompt_hidden(backbone, trimmed, *groups)
+        else:
+            hidden = backbone(**trimmed.model_inputs()).last_hidden_state
+            hidden = hidden[:, trimmed.start : trimmed.start + trimmed.kept]
         log_probs, entropy = log_probs_from_hidden(
             hidden, lm_head.weight, lm_head.bias, trimmed.labels, temperature, with_entropy,
             chunk_size,

@@ -164,16 +164,30 @@ def build_tiny_model(
     Returns:
         ``out_dir`` as a ``Path``, loadable with ``AutoModelForCausalLM`` and ``AutoTokenizer``.
     """
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM
-
     config = tiny_config(arch, size)
+    if config.vocab_size != len(build_tokenizer()):
+        raise ValueError(
+            f"vocab_size {config.vocab_size} != tokenizer size {len(build_tokenizer())}"
+        )
+    return save_model(config, out_dir, seed)
+
+
+def save_model(config, out_dir: str | Path, seed: int = 0) -> Path:
+    """Initialize a causal LM of ``config`` (a Qwen2 or Llama config) from ``seed``, in float32,
+    and save it with lmrl's byte tokenizer to ``out_dir``; the global RNG is left untouched.
+
+    The config's vocabulary may be larger than the tokenizer's (a benchmark paying for a
+    full-size embedding and head): the extra ids are never produced.
+
+    Returns:
+        ``out_dir`` as a ``Path``, loadable with ``AutoModelForCausalLM`` and ``AutoTokenizer``.
+    """
+    from transformers import AutoModelForCausalLM
+
     tokenizer = build_tokenizer()
-    if config.vocab_size != len(tokenizer):
-        raise ValueError(f"vocab_size {config.vocab_size} != tokenizer size {len(tokenizer)}")
-    cls = Qwen2ForCausalLM if arch == "qwen2" else LlamaForCausalLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = cls(config).to(torch.float32)
+        model = AutoModelForCausalLM.from_config(config).to(torch.float32)
     model.generation_config = GenerationConfig(
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
         pad_token_id=tokenizer.pad_token_id,

@@ -8,11 +8,15 @@ rollout exactly; and the loop is small enough to read.
 
 One step for a (B*n, ·) batch of left-padded rows: a forward of the last tokens with the
 cache, ``logits / temperature`` in float32, ``log_softmax`` (recorded at the sampled token),
-top-k then top-p truncation, one multinomial draw (or argmax when greedy), then rows that
+top-k then top-p truncation, one categorical draw (`_draw`; argmax when greedy), then rows that
 produced an EOS id or completed a stop string are marked finished and fed the pad id from
 then on. The loop ends when every row has finished or after ``max_new_tokens`` steps. Row
 positions continue each prompt's own (``position_ids`` of the last prompt token + 1, ...),
 so a left-padded prompt gets the same continuation as alone.
+
+The ``n`` samples of a prompt share its prefill: each distinct prompt of a micro-batch runs
+through the model once, and its KV cache and last logits are gathered to its ``n`` rows
+(``index_select``), so the prefill costs ``B`` prompts, not ``B * n``.
 
 The engine generates with the module it was given: in-process it is the actor's own, so
 every optimizer step is seen by the next rollout without copying weights.
@@ -161,11 +165,10 @@ class HFEngine(RolloutEngine):
                 for start in range(0, len(rows), size):
                     r = rows[start : start + size]
                     pos = position_ids[r].to(device) if position_ids is not None else None
-                    pieces.append(
-                        self._sample(
-                            input_ids[r].to(device), mask[r].to(device), pos, sampling, generator
-                        )
-                    )
+                    first, inverse = _first_rows(r)
+                    ids, m = input_ids[r].to(device), mask[r].to(device)
+                    shared = (first.to(device), inverse.to(device))
+                    pieces.append(self._sample(ids, m, pos, sampling, generator, *shared))
         finally:
             for module, training in flags.items():
                 module.training = training
@@ -220,6 +223,8 @@ class HFEngine(RolloutEngine):
         position_ids: torch.Tensor | None,
         sampling: SamplingParams,
         generator: torch.Generator,
+        first: torch.Tensor | None = None,
+        inverse: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The sampling loop for one micro-batch of left-padded rows.
 
@@ -227,6 +232,9 @@ class HFEngine(RolloutEngine):
             input_ids: (R, P) long, left-padded.
             mask: (R, P) bool.
             position_ids: (R, P) or None (then ``cumsum(mask) - 1``, clipped at 0).
+            first, inverse: rows sharing a prompt: ``first`` (U,) one row of each distinct
+                prompt, ``inverse`` (R,) each row's distinct prompt; the prefill runs the U
+                rows only. None = every row is prefilled.
         Returns:
             ``responses`` (R, T) right-padded with the pad id, ``response_mask`` bool (R, T),
             ``log_probs`` (R, T) float32 0 outside the mask; T = steps run.
@@ -251,14 +259,21 @@ class HFEngine(RolloutEngine):
         stop_width = max((len(s) for s in sampling.stop), default=0) + 1
 
         cache = DynamicCache(config=self.model.config)
-        logits = self._forward(input_ids, full_mask[:, :prompt_len], position_ids, cache)
+        if first is not None and len(first) < rows:
+            logits = self._forward(
+                input_ids[first], full_mask[first, :prompt_len], position_ids[first], cache
+            )
+            cache.reorder_cache(inverse)  # (U, ...) -> (R, ...)
+            logits = logits[inverse]
+        else:
+            logits = self._forward(input_ids, full_mask[:, :prompt_len], position_ids, cache)
         steps = 0
         for t in range(max_new):
             scaled = logits / temperature
             logp = torch.log_softmax(scaled, dim=-1)
             if sampling.do_sample:
                 probs = _truncate(scaled, sampling.top_k, sampling.top_p).softmax(dim=-1)
-                token = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+                token = _draw(probs, generator)
             else:
                 token = logits.argmax(dim=-1)
             alive = ~finished
@@ -301,6 +316,37 @@ class HFEngine(RolloutEngine):
         if found:
             hit[torch.tensor(found, device=hit.device)] = True
         return hit
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token per row of ``probs`` (R, V), by inverting the row's cumulative distribution.
+
+    ``torch.multinomial`` draws an exponential variate for every (row, token): R x V random
+    numbers per decode step, ~10% of a step with a 32k vocabulary on CPU (16 ms for 32 x 32k
+    on 2 threads). This draws one uniform per row and binary-searches the row's float64
+    cumulative sum (0.8 ms), an exact sampler of the same distribution (a different stream
+    of draws for a given seed). Tokens of probability 0 are never drawn.
+
+    Args:
+        probs: (R, V) non-negative, each row with a positive sum (need not be normalized).
+        generator: the source of the R uniforms.
+    Returns:
+        (R,) long token ids.
+    """
+    cdf = probs.double().cumsum(dim=-1)  # (R, V)
+    total = cdf[:, -1:]
+    u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device, generator=generator) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < total, always
+    return torch.searchsorted(cdf, u, right=True).squeeze(1)  # first token with cdf > u
+
+
+def _first_rows(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For prompt indices ``r`` (R,): ``first`` (U,) the position of each distinct index's first
+    row, ``inverse`` (R,) each row's distinct index."""
+    distinct, inverse = torch.unique(r, return_inverse=True)
+    first = torch.full((len(distinct),), len(r), dtype=torch.long)
+    first = first.scatter_reduce(0, inverse, torch.arange(len(r)), reduce="amin")
+    return first, inverse
 
 
 def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
