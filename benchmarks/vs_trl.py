@@ -461,18 +461,27 @@ def plot(results: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(results), figsize=(4.5 * len(results), 3.4), squeeze=False)
     for ax, r in zip(axes[0], results, strict=True):
         for side, color in (("lmrl", "tab:blue"), ("trl", "tab:orange")):
-            curves = r[side]["rewards"]
-            for i, curve in enumerate(curves):
-                label = side if i == 0 else None
-                ax.plot(range(1, len(curve) + 1), curve, color=color, alpha=0.6, label=label)
+            curves = np.array([c[: min(map(len, r[side]["rewards"]))] for c in r[side]["rewards"]])
+            steps = np.arange(1, curves.shape[1] + 1)
+            # each seed faint; the mean over seeds, smoothed over 5 steps, +-1 standard error
+            mean = curves.mean(0)
+            kernel = np.ones(5) / 5
+            smooth = np.convolve(np.pad(mean, 2, mode="edge"), kernel, mode="valid")
+            spread = curves.std(0) / np.sqrt(len(curves))
+            for curve in curves:
+                ax.plot(steps, curve, color=color, alpha=0.12, linewidth=0.8)
+            label = f"{side} (mean of {len(curves)} seeds, 5-step average)"
+            ax.plot(steps, smooth, color=color, linewidth=2.2, label=label)
+            ax.fill_between(steps, smooth - spread, smooth + spread, color=color, alpha=0.25)
         ax.set_title(f"{r['size']}, KL {'k3' if r['kl'] else 'off'}")
         ax.set_xlabel("step")
-        ax.set_ylabel("mean reward")
-        ax.legend()
+        ax.set_ylabel("mean reward of the batch")
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

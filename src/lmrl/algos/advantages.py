@@ -153,7 +153,7 @@ def _scan(b: torch.Tensor, mask: torch.Tensor, rate: float) -> torch.Tensor:
         torch.mul(b[:, cols], w, out=ys).cumsum_(-1).div_(w)
         if carry is not None:
             ys.addcdiv_(carry, w)  # the value carried in decays by the chunk's product of a
-        carry = ys[:, -1:].clone()
+        carry = ys[:, -1:]  # read before the next chunk's columns are written
     return y.flip(-1)
 
 
