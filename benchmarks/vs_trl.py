@@ -265,6 +265,11 @@ def run_trl(s: Setting, work: Path) -> dict:
         loss_type="dapo",
         scale_rewards="group",
         beta=BETA if s.kl else 0.0,
+        # TRL 1.16 multiplies the k3 term by the importance ratio by default (1 in value,
+        # but its gradient gains beta * k3 * grad log pi); lmrl, like verl's low_var_kl,
+        # differentiates k3 itself. Off, both sides take the same KL gradient (but for
+        # lmrl's clamp of k3 at 10, verl's, which zeroes the gradient of rare outliers).
+        use_bias_correction_kl=False,
         gradient_checkpointing=False,
         bf16=False,
         fp16=False,
