@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_plot)
 
     p = sub.add_parser(
-        "demo", help="tiny model, digits task, SFT warm start, then GRPO on the CPU (1-3 min)"
+        "demo", help="tiny model, digits task, SFT warm start, then GRPO on the CPU (~1 min)"
     )
     p.add_argument("--out", type=Path, default=Path("lmrl-demo"),
                    help="directory of the whole demo, started fresh (default lmrl-demo)")  # fmt: skip
