@@ -123,7 +123,11 @@ def loop_vanilla(old_log_prob, log_prob, advantages, mask, clip=0.2, clip_c=3.0)
 # ------------------------------------------------------------------------ harness
 
 
-def timed(fn, repeats):
+def timed(fn, repeats, warmup=0):
+    """Median wall time of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones, and the
+    last result."""
+    for _ in range(warmup):
+        fn()
     times = []
     result = None
     for _ in range(repeats):

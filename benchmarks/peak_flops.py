@@ -19,23 +19,14 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
-
-def timed(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+sys.path.insert(0, str(Path(__file__).parent))
+from algos import timed
 
 
 def matmul_peak(reps: int) -> tuple[float, int]:
@@ -43,7 +34,7 @@ def matmul_peak(reps: int) -> tuple[float, int]:
     best = (0.0, 0)
     for n in (256, 512, 1024, 1536, 2048):
         a, b = torch.randn(n, n), torch.randn(n, n)
-        seconds = timed(lambda a=a, b=b: torch.mm(a, b), reps)
+        seconds = timed(lambda a=a, b=b: torch.mm(a, b), reps, warmup=1)[0]
         best = max(best, (2 * n**3 / seconds / 1e9, n))
     return best
 
@@ -83,7 +74,7 @@ def train_flops(model, batch, share: bool, reps: int) -> tuple[float, float]:
     counter = FlopCounterMode(display=False)
     with counter:
         step()
-    return counter.get_total_flops(), timed(step, reps)
+    return counter.get_total_flops(), timed(step, reps, warmup=1)[0]
 
 
 def main() -> None:
@@ -105,7 +96,6 @@ def main() -> None:
 
     path = args.model
     if path is None:
-        sys.path.insert(0, str(Path(__file__).parent))
         from vs_trl import build_model
 
         path = build_model(Path(tempfile.mkdtemp()) / args.size, args.size)

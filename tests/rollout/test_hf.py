@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from lmrl.models import apply_lora, build_tiny_model, compute_log_probs, load_causal_lm
+from lmrl.models.forward import distinct_rows
 from lmrl.rollout import HFEngine, SamplingParams
-from lmrl.rollout.hf import _draw, _first_rows, _truncate
+from lmrl.rollout.hf import _draw, _truncate
 
 EOS, PAD = 258, 256
 TEXTS = ["hello", "a", "what is 2+2?"]
@@ -227,7 +228,7 @@ def test_shared_prefill_equals_per_row_prefill(model, tokenizer, encode):
     engine = HFEngine(model.eval(), tokenizer)
     prompts = encode(TEXTS)
     rows = torch.arange(3).repeat_interleave(4)
-    first, inverse = _first_rows(rows)
+    first, inverse = distinct_rows(rows)
     assert torch.equal(first, torch.tensor([0, 4, 8])) and torch.equal(inverse, rows)
     ids, mask = prompts["input_ids"][rows], prompts["attention_mask"][rows]
     sampling = SamplingParams(max_new_tokens=8, seed=3)

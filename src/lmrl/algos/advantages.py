@@ -103,9 +103,17 @@ def reverse_discounted_scan(
         raise ValueError(f"the discount rate must be in [0, 1], got {rate}")
     mask = as_bool_mask("response_mask", response_mask)
     check_same_shape(inputs=inputs, response_mask=mask)
+    return _discounted(inputs, mask, rate)[0].to(inputs.dtype)
+
+
+def _discounted(
+    inputs: torch.Tensor, mask: torch.Tensor, rate: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`reverse_discounted_scan` in the working dtype, and the mask as 0/1 of that dtype
+    (``keep``, for a caller that goes on to whiten). Both (B, T); ``mask`` bool."""
     work = _work_dtype(inputs)
-    scanned = _scan(zero_outside(inputs, mask).to(work), mask, rate)
-    return scanned.mul_(keep_float(mask, work)).to(inputs.dtype)
+    keep = keep_float(mask, work)
+    return _scan(zero_outside(inputs, mask).to(work), mask, rate).mul_(keep), keep
 
 
 def _work_dtype(t: torch.Tensor) -> torch.dtype:
@@ -365,9 +373,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
         advantages (B, T) = whitened returns, returns (B, T).
     """
     mask = _check_inputs(token_level_rewards, response_mask)
-    dtype, work = token_level_rewards.dtype, _work_dtype(token_level_rewards)
-    keep = keep_float(mask, work)
-    returns = _scan(zero_outside(token_level_rewards, mask).to(work), mask, gamma).mul_(keep)
+    dtype = token_level_rewards.dtype
+    returns, keep = _discounted(token_level_rewards, mask, gamma)
     return whiten_kept(returns, keep).to(dtype), returns.to(dtype)
 
 
@@ -420,8 +427,7 @@ def compute_remax_outcome_advantage(
             f"reward_baselines must have shape ({token_level_rewards.shape[0]},), "
             f"got {tuple(reward_baselines.shape)}"
         )
-    kept = torch.where(mask, token_level_rewards, 0.0)
-    returns = torch.where(mask, kept.flip(-1).cumsum(-1).flip(-1), 0.0)
+    returns = reverse_discounted_scan(token_level_rewards, mask, 1.0)
     advantages = torch.where(mask, returns - reward_baselines.to(returns.dtype).unsqueeze(-1), 0.0)
     return advantages, returns
 

@@ -182,14 +182,21 @@ def prompt_groups(trimmed: Trimmed) -> tuple[torch.Tensor, torch.Tensor] | None:
         ],
         dim=1,
     )
-    _, inverse = torch.unique(key, dim=0, return_inverse=True)
-    count = int(inverse.max()) + 1 if inverse.numel() else 0
-    if count == key.shape[0]:
-        return None
+    first, inverse = distinct_rows(key)
+    return None if len(first) == key.shape[0] else (first, inverse)
+
+
+def distinct_rows(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of ``key`` (B, ...), a shared prompt's rows being equal.
+
+    Returns:
+        ``(first, inverse)``: ``first`` (U,) the index of each distinct row's first
+        occurrence, ``inverse`` (B,) the distinct row of each row.
+    """
+    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
     rows = torch.arange(key.shape[0], device=key.device)
-    first = torch.full((count,), key.shape[0], dtype=torch.long, device=key.device)
-    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
-    return first, inverse
+    first = torch.full((len(distinct),), key.shape[0], dtype=torch.long, device=key.device)
+    return first.scatter_reduce(0, inverse, rows, reduce="amin"), inverse
 
 
 def can_share_prompts(model: nn.Module) -> bool:

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from lmrl.batch import Batch
+from lmrl.models.forward import distinct_rows
 from lmrl.rollout.base import RolloutEngine, SamplingParams, check_prompts, finish_rollout
 
 __all__ = ["HFEngine", "default_eos_ids"]
@@ -165,7 +166,7 @@ class HFEngine(RolloutEngine):
                 for start in range(0, len(rows), size):
                     r = rows[start : start + size]
                     pos = position_ids[r].to(device) if position_ids is not None else None
-                    first, inverse = _first_rows(r)
+                    first, inverse = distinct_rows(r)
                     ids, m = input_ids[r].to(device), mask[r].to(device)
                     shared = (first.to(device), inverse.to(device))
                     pieces.append(self._sample(ids, m, pos, sampling, generator, *shared))
@@ -338,15 +339,6 @@ def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device, generator=generator) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < total, always
     return torch.searchsorted(cdf, u, right=True).squeeze(1)  # first token with cdf > u
-
-
-def _first_rows(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For prompt indices ``r`` (R,): ``first`` (U,) the position of each distinct index's first
-    row, ``inverse`` (R,) each row's distinct index."""
-    distinct, inverse = torch.unique(r, return_inverse=True)
-    first = torch.full((len(distinct),), len(r), dtype=torch.long)
-    first = first.scatter_reduce(0, inverse, torch.arange(len(r)), reduce="amin")
-    return first, inverse
 
 
 def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:
