@@ -46,17 +46,23 @@ def loop_gae(rewards, values, mask, gamma, lam):
     return masked_whiten(adv, mask.bool()), returns
 
 
-def loop_reinforce_pp(rewards, mask, gamma):
-    """verl's per-token REINFORCE++ loop (seed 004 §5)."""
-    mask = mask.to(rewards.dtype)
+def loop_reinforce_pp(rewards, mask, gamma, skip_spans=False):
+    """verl's per-token REINFORCE++ loop (seed 004 §5), which resets the running return at a
+    masked token; with ``skip_spans`` it carries it through masked spans instead, as lmrl does
+    (the same three ops per token), so that masks with gaps compare."""
+    keep = mask.to(rewards.dtype)
     returns = torch.zeros_like(rewards)
-    running = 0.0
+    running = torch.zeros_like(rewards[:, 0])
     for t in reversed(range(rewards.shape[-1])):
-        running = rewards[:, t] + gamma * running
+        if skip_spans:
+            running = torch.where(mask[:, t], rewards[:, t] + gamma * running, running)
+        else:
+            running = rewards[:, t] + gamma * running
         returns[:, t] = running
-        running = running * mask[:, t]
-    returns = returns * mask
-    return masked_whiten(returns, mask.bool()), returns
+        if not skip_spans:
+            running = running * keep[:, t]
+    returns = returns * keep
+    return masked_whiten(returns, mask), returns
 
 
 def loop_grpo(rewards, mask, index, epsilon=1e-6, norm=True):
@@ -141,10 +147,18 @@ def max_err(ours, reference):
     return float((ours.double() - reference.double()).abs().max())
 
 
-def make_case(batch, length, seed=0, group=8):
+def make_case(batch, length, seed=0, group=8, gaps=False):
+    """Responses of random lengths padded on the right; with ``gaps``, each also has two masked
+    spans of 1-64 tokens inside it (multi-turn observations)."""
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, length + 1, (batch,), generator=gen)
-    mask = torch.arange(length).expand(batch, length) < lengths[:, None]
+    positions = torch.arange(length).expand(batch, length)
+    mask = positions < lengths[:, None]
+    if gaps:
+        for _ in range(2):
+            starts = (torch.rand(batch, 1, generator=gen) * lengths[:, None]).long()
+            ends = starts + torch.randint(1, 65, (batch, 1), generator=gen)
+            mask &= (positions < starts) | (positions >= ends)
     rewards = torch.zeros(batch, length)
     rewards[torch.arange(batch), lengths - 1] = torch.randint(0, 2, (batch,), generator=gen).float()
     rewards += 0.01 * torch.randn(batch, length, generator=gen) * mask  # dense shaping terms
@@ -155,26 +169,30 @@ def make_case(batch, length, seed=0, group=8):
 
 def row(name, size, loop_s, ours_s, err):
     print(
-        f"{name:<22} {size:<18} {loop_s * 1e3:>10.1f} {ours_s * 1e3:>10.2f} "
+        f"{name:<26} {size:<18} {loop_s * 1e3:>10.1f} {ours_s * 1e3:>10.2f} "
         f"{loop_s / ours_s:>9.1f}x {err:>10.1e}"
     )
 
 
-def bench_token_recursions(batch: int, length: int) -> None:
-    """GAE and REINFORCE++ against verl's per-token loops at (batch, length)."""
+def bench_token_recursions(batch: int, length: int, gaps: bool = False) -> None:
+    """GAE and REINFORCE++ against verl's per-token loops at (batch, length); ``gaps``: masks
+    with masked spans inside the responses (lmrl's chunked scan instead of its block scan)."""
     get = advantage_estimators.get
-    rewards, values, mask, _ = make_case(batch, length)
+    rewards, values, mask, _ = make_case(batch, length, gaps=gaps)
     r64, v64 = rewards.double(), values.double()
     size = f"B={batch},T={length}"
+    suffix = " (gaps)" if gaps else ""
     loop_s, (ref_adv, ref_ret) = timed(lambda: loop_gae(r64, v64, mask, 1.0, 0.95), 3)
     ours_s, (adv, ret) = timed(
-        lambda: get("gae")(rewards, mask, values=values, gamma=1.0, lam=0.95), 5
+        lambda: get("gae")(rewards, mask, values=values, gamma=1.0, lam=0.95), 15, warmup=2
     )
-    row("gae", size, loop_s, ours_s, max(max_err(adv, ref_adv), max_err(ret, ref_ret)))
-    loop_s, (ref_adv, ref_ret) = timed(lambda: loop_reinforce_pp(r64, mask, 0.99), 3)
-    ours_s, (adv, ret) = timed(lambda: get("reinforce_plus_plus")(rewards, mask, gamma=0.99), 5)
+    row("gae" + suffix, size, loop_s, ours_s, max(max_err(adv, ref_adv), max_err(ret, ref_ret)))
+    loop_s, (ref_adv, ref_ret) = timed(lambda: loop_reinforce_pp(r64, mask, 0.99, gaps), 3)
+    ours_s, (adv, ret) = timed(
+        lambda: get("reinforce_plus_plus")(rewards, mask, gamma=0.99), 15, warmup=2
+    )
     err = max(max_err(adv, ref_adv), max_err(ret, ref_ret))
-    row("reinforce_plus_plus", size, loop_s, ours_s, err)
+    row("reinforce_plus_plus" + suffix, size, loop_s, ours_s, err)
 
 
 def main() -> None:
@@ -192,7 +210,7 @@ def main() -> None:
     allocator = "glibc default" if args.no_tune_allocator else "lmrl's allocator setting"
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU, {allocator}")
     print(
-        f"{'estimator/loss':<22} {'size':<18} {'loop ms':>10} {'lmrl ms':>10} {'speed-up':>10} {'max err':>10}"
+        f"{'estimator/loss':<26} {'size':<18} {'loop ms':>10} {'lmrl ms':>10} {'speed-up':>10} {'max err':>10}"
     )
 
     # group estimators: B=8192 prompts x G=8 samples, a per-sample Python loop as baseline
@@ -227,9 +245,11 @@ def main() -> None:
         ours_s, ours = timed(ours_fn, 5)
         row(name, size, loop_s, ours_s, max_err(ours, ref))
 
-    # token recursions: a per-token Python loop as baseline
-    for batch, length in ((256, 4096), (64, 16384)):
-        bench_token_recursions(batch // scale, length)
+    # token recursions: a per-token Python loop as baseline; single-turn responses (one run
+    # of tokens each), then multi-turn ones (masked observation spans inside)
+    for gaps in (False, True):
+        for batch, length in ((256, 4096), (64, 16384)):
+            bench_token_recursions(batch // scale, length, gaps)
 
     # policy losses, forward + backward at B=256, T=4096
     batch, length = 256 // scale, 4096
@@ -255,7 +275,7 @@ def main() -> None:
     for name in (n for n in policy_losses.names() if n != "vanilla"):
         fn = policy_losses.get(name)
         ours_s, _ = timed(lambda fn=fn: fwd_bwd(lambda lp: fn(old, lp, adv, mask)[0]), 5)
-        print(f"{name + ' (fwd+bwd)':<22} {size:<18} {'':>10} {ours_s * 1e3:>10.2f}")
+        print(f"{name + ' (fwd+bwd)':<26} {size:<18} {'':>10} {ours_s * 1e3:>10.2f}")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ class Setting:
     warmup: int  # untimed steps before them
     lr: float
     seed: int = 0
+    k3_clamp: bool = True  # lmrl's k3 clamped at 10, as verl's; False: unclamped, as TRL's
 
 
 def settings_for(size: str, kl: int, quick: bool, steps: int | None) -> Setting:
@@ -195,8 +196,21 @@ def lmrl_trainer(s: Setting, work: Path):
     return Trainer(load_config(None, overrides))
 
 
+def unclamp_k3() -> None:
+    """Diagnostic: lmrl's k3 without its clamps (log-ratio to [-20, 20], estimate to at most
+    10, as verl's), as TRL computes it. Patches ``lmrl.algos.kl``'s constants in this process
+    only."""
+    import math
+
+    import lmrl.algos.kl as kl_mod
+
+    kl_mod._K3_LOG_RATIO_CLAMP = kl_mod._K3_OUTPUT_CLAMP = math.inf
+
+
 def run_lmrl(s: Setting, work: Path) -> dict:
     total = s.warmup + s.steps
+    if not s.k3_clamp:
+        unclamp_k3()
     trainer = lmrl_trainer(s, work)
     ends, cpu, tokens, rewards, stages = [time.perf_counter()], [time.process_time()], [], [], []
     for _ in range(total):
@@ -213,9 +227,11 @@ def run_lmrl(s: Setting, work: Path) -> dict:
 
 
 # ------------------------------------------------------------------------------- TRL side
-def run_trl(s: Setting, work: Path) -> dict:
+def trl_trainer(s: Setting, work: Path, on_reward=None, callbacks=None):
+    """TRL's ``GRPOTrainer`` for setting ``s``; ``on_reward(completion_ids, scores)`` is called
+    with every batch the reward function scores."""
     import datasets
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from lmrl.rewards.scorers.digits import compute_score
@@ -227,23 +243,15 @@ def run_trl(s: Setting, work: Path) -> dict:
         lambda r: {"ground_truth": r["reward_model"]["ground_truth"]},
         remove_columns=["reward_model", "extra_info", "ability"],
     )
-    tokens, rewards = [], []
 
     def digits_reward(completions, completion_ids, ground_truth, **_) -> list[float]:
         scores = [
             compute_score(c[0]["content"], gt)["score"]
             for c, gt in zip(completions, ground_truth, strict=True)
         ]
-        tokens.append(sum(len(ids) for ids in completion_ids))
-        rewards.append(sum(scores) / len(scores))
+        if on_reward is not None:
+            on_reward(completion_ids, scores)
         return scores
-
-    ends, cpu = [time.perf_counter()], [time.process_time()]
-
-    class StepClock(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            ends.append(time.perf_counter())
-            cpu.append(time.process_time())
 
     total = s.warmup + s.steps
     config = GRPOConfig(
@@ -287,14 +295,33 @@ def run_trl(s: Setting, work: Path) -> dict:
     )
     model = AutoModelForCausalLM.from_pretrained(work / s.size, dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(work / s.size)
-    trainer = GRPOTrainer(
+    return GRPOTrainer(
         model=model,
         reward_funcs=digits_reward,
         args=config,
         train_dataset=rows,
         processing_class=tokenizer,
-        callbacks=[StepClock()],
+        callbacks=callbacks,
     )
+
+
+def run_trl(s: Setting, work: Path) -> dict:
+    from transformers import TrainerCallback
+
+    tokens, rewards = [], []
+
+    def on_reward(completion_ids, scores) -> None:
+        tokens.append(sum(len(ids) for ids in completion_ids))
+        rewards.append(sum(scores) / len(scores))
+
+    ends, cpu = [time.perf_counter()], [time.process_time()]
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            ends.append(time.perf_counter())
+            cpu.append(time.process_time())
+
+    trainer = trl_trainer(s, work, on_reward, callbacks=[StepClock()])
     ends[0], cpu[0] = time.perf_counter(), time.process_time()
     trainer.train()
     params = sum(p.numel() for p in trainer.model.parameters())
@@ -317,7 +344,7 @@ def child(args) -> None:
     """One measurement: ``--side`` with ``--size``/``--kl`` settings, JSON to ``--json``."""
     import torch
 
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(args.threads)
     s = Setting(**json.loads(args.setting))
     work = Path(args.work)
     load_before = os.getloadavg()[0]
@@ -328,10 +355,10 @@ def child(args) -> None:
 
 
 # -------------------------------------------------------------------------------- parent
-def spawn(side: str, s: Setting, work: Path, out: Path) -> dict:
+def spawn(side: str, s: Setting, work: Path, out: Path, threads: int = THREADS) -> dict:
     env = os.environ | {
-        "OMP_NUM_THREADS": str(THREADS),
-        "MKL_NUM_THREADS": str(THREADS),
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1",
@@ -342,7 +369,7 @@ def spawn(side: str, s: Setting, work: Path, out: Path) -> dict:
         "PYTHONWARNINGS": "ignore",
     }
     cmd = [sys.executable, __file__, "--side", side, "--setting", json.dumps(asdict(s)),
-           "--work", str(work), "--json", str(out)]  # fmt: skip
+           "--work", str(work), "--json", str(out), "--threads", str(threads)]  # fmt: skip
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -500,6 +527,21 @@ def main() -> None:
         "--sides", default="lmrl,trl", help="lmrl,trl; one side alone gives no table"
     )
     parser.add_argument("--steps", type=int, default=None, help="timed steps per child")
+    parser.add_argument(
+        "--first-seed", type=int, default=0, help="repetition i runs seed first_seed + i"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=THREADS,
+        help="torch threads per child (timings in the README use 2; learning runs may use 1 "
+        "and run two harnesses side by side)",
+    )
+    parser.add_argument(
+        "--lmrl-no-k3-clamp",
+        action="store_true",
+        help="diagnostic: lmrl's k3 unclamped, as TRL's (lmrl clamps it at 10, as verl does)",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: 1 rep, 1+2 steps")
     parser.add_argument("--out", default="bench-out")
     parser.add_argument("--work", default=None, help="models and data (default: a temp dir)")
@@ -530,6 +572,7 @@ def main() -> None:
     for size in sizes:
         for kl in kls:
             s = settings_for(size, kl, args.quick, args.steps)
+            s.k3_clamp = not args.lmrl_no_k3_clamp
             runs: dict[str, list[dict]] = {"lmrl": [], "trl": []}
             if args.from_json:
                 for side in runs:
@@ -537,10 +580,11 @@ def main() -> None:
                         runs[side].append(json.loads(path.read_text()))
                 s = Setting(**runs["lmrl"][0]["setting"])
                 reps = 0
-            for rep in range(reps):
+            for rep in range(args.first_seed, args.first_seed + reps):
                 s.seed = rep  # independent reward curves; timing is seed-independent
                 for side in sides:  # alternating: lmrl, TRL, lmrl, TRL, ...
-                    r = spawn(side, s, work, out / f"{side}-{size}-kl{kl}-{rep}.json")
+                    json_out = out / f"{side}-{size}-kl{kl}-{rep}.json"
+                    r = spawn(side, s, work, json_out, args.threads)
                     runs[side].append(r)
                     med = statistics.median(r["step_s"][s.warmup :])
                     print(f"{size} kl={kl} rep {rep} {side:4}: median {med:.3f} s/step, "

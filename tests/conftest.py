@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
-os.environ.setdefault("HF_HOME", tempfile.mkdtemp(prefix="lmrl-hf-home-"))
+if "HF_HOME" not in os.environ:  # a fresh cache dir, removed when the session ends
+    os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="lmrl-hf-home-")
+    atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest

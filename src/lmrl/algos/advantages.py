@@ -16,12 +16,16 @@ mask; nothing at a masked position (rewards, values, NaN) reaches any output.
 
 Everything is vectorized. Group statistics use scatter-adds over the group ids; the
 backward recursions of GAE and REINFORCE++ (``x_t = b_t + rate * x_{t+1}`` over the valid
-tokens, masked spans skipped) are solved in closed form per chunk of tokens (a reverse
-cumulative sum of decay-weighted terms in float64), with only a short loop across chunks.
+tokens, masked spans skipped) are solved without a loop over tokens: when every row's valid
+tokens are one run (single-turn responses), by block matrix products (16 tokens a block,
+the blocks' starts solved the same way one level up); with masked spans inside a row, in
+closed form per chunk of tokens (a reverse cumulative sum of decay-weighted terms), with only
+a short loop across chunks.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 
@@ -113,22 +117,107 @@ def _discounted(
     (``keep``, for a caller that goes on to whiten). Both (B, T); ``mask`` bool."""
     work = _work_dtype(inputs)
     keep = keep_float(mask, work)
-    return _scan(zero_outside(inputs, mask).to(work), mask, rate).mul_(keep), keep
+    return _scan(zero_outside(inputs, mask).to(work), mask, keep, rate).mul_(keep), keep
 
 
 def _work_dtype(t: torch.Tensor) -> torch.dtype:
-    """The scans' working precision. CPU scan kernels (``cumsum``, ``cumprod``) accumulate in
-    float64 whatever the tensor's type, so float32 loses nothing there; other devices
-    accumulate in the tensor's own type, so they work in float64."""
+    """The scans' working precision. On the CPU float32 loses nothing: the block scan sums at
+    most 16 terms per level, and the chunked one's kernels (``cumsum``, ``cumprod``)
+    accumulate in float64 whatever the tensor's type. Other devices accumulate in the
+    tensor's own type, so they work in float64."""
     if t.device.type != "cpu" or t.dtype == torch.float64:
         return torch.float64
     return torch.float32
 
 
-def _scan(b: torch.Tensor, mask: torch.Tensor, rate: float) -> torch.Tensor:
+def _scan(b: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, rate: float) -> torch.Tensor:
     """The running value ``y_t = keep_t * b_t + a_t * y_{t+1}`` (``y_T = 0``), with decay
-    ``a_t = rate`` at valid and 1 at masked positions, so ``y`` is the solution at the valid
-    positions and carries it through the masked ones (the caller zeroes those).
+    ``a_t = rate`` at valid and 1 at masked positions: at the valid positions, the solution.
+
+    Args:
+        b: (B, T) finite, 0 outside the mask; mask: bool (B, T); keep: the mask as 0/1 of
+        ``b``'s dtype.
+    Returns:
+        (B, T), a new tensor; its values at masked positions are unspecified (callers zero
+        them).
+    """
+    if b.device.type == "cpu" and _single_runs(keep):
+        # no masked position lies between two valid ones: inside each row's run every step
+        # decays, and outside it b is 0 (what leaks onto the masked positions is dropped)
+        return _block_scan(b, rate)
+    return _chunked_scan(b, mask, rate)
+
+
+def _single_runs(keep: torch.Tensor) -> bool:
+    """Whether each row's valid positions form one contiguous run (or none).
+
+    A row with ``n`` valid positions in ``r`` runs has ``n - r`` pairs of adjacent valid
+    positions, so it is one run (or empty) iff ``n - pairs <= 1``. Two float reductions over
+    the 0/1 mask, exact (a row holds fewer than 2^24 ones): ~0.1 ms at B=256, T=4096 on 2 CPU
+    threads. Reads one flag, which on the CPU costs no device sync.
+
+    Args:
+        keep: (B, T) 0/1 floats.
+    """
+    if keep.numel() == 0:
+        return True
+    pairs = (keep[:, 1:] * keep[:, :-1]).sum(-1)
+    return bool((keep.sum(-1) - pairs).max() <= 1)
+
+
+_BLOCK = 16  # (B*T/16, 16) @ (16, 16): the fastest block on 1 and 2 CPU threads (8: 2.3x slower)
+
+
+@functools.lru_cache(maxsize=64)
+def _decay_matrix(rate: float, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """``D[s, u] = rate^(s - u)`` for ``s >= u`` (else 0), ``(size, size)``, and
+    ``g[u] = rate^(size - u)``, ``(size,)``: within a block, how ``b_s`` reaches ``y_u``, and
+    how the value at the next block's start does. Powers in float64, rounded once; those
+    below the dtype's smallest normal number are 0 (subnormals make CPU matmuls crawl).
+    CPU tensors (the only device `_block_scan` runs on), cached per rate and size."""
+    i = torch.arange(size, dtype=torch.float64)
+    steps = i[:, None] - i[None, :]
+    rate_t = torch.tensor(rate, dtype=torch.float64)
+    tiny = torch.finfo(dtype).tiny
+    matrix = torch.where(steps >= 0, rate_t ** steps.clamp(min=0), 0.0)
+    carry = rate_t ** (size - i)
+    return tuple(torch.where(t < tiny, 0.0, t).to(dtype) for t in (matrix, carry))
+
+
+def _block_scan(b: torch.Tensor, rate: float) -> torch.Tensor:
+    """``y_t = b_t + rate * y_{t+1}`` along the last dim (``y_T = 0``), every position
+    decaying.
+
+    In blocks of ``k = _BLOCK`` tokens: one matmul with the decay matrix of `_decay_matrix`
+    sums each position's discounted rest of its block; the values at the blocks' starts obey
+    the same recursion over blocks, with rate ``rate^k``, and are solved the same way
+    (``log_16(T)`` levels, each 1/16 the size of the last); a block start's value reaches
+    position ``u`` of the block before as ``rate^(k - u)`` times it. Every level sums at most
+    16 terms, so float32 keeps ~1e-7 of the largest value (no overflow, no long-range
+    rounding growth), and the whole scan costs about one matmul pass and one update pass.
+    On 2 CPU threads it is ~6x faster than the chunked scan.
+
+    Args:
+        b: (B, T), float32 or float64 (on the CPU).
+    Returns:
+        (B, T) ``y``, a new tensor.
+    """
+    batch, length = b.shape
+    if length <= _BLOCK:
+        return b @ _decay_matrix(rate, length, b.dtype)[0]
+    pad = -length % _BLOCK
+    blocks = (length + pad) // _BLOCK
+    padded = torch.nn.functional.pad(b, (0, pad)) if pad else b
+    matrix, carry = _decay_matrix(rate, _BLOCK, b.dtype)
+    y = torch.matmul(padded.reshape(batch, blocks, _BLOCK), matrix)
+    starts = _block_scan(y[:, :, 0].contiguous(), rate**_BLOCK)  # value at each block start
+    y[:, :-1].addcmul_(starts[:, 1:, None], carry)
+    y = y.view(batch, blocks * _BLOCK)
+    return y[:, :length].contiguous() if pad else y
+
+
+def _chunked_scan(b: torch.Tensor, mask: torch.Tensor, rate: float) -> torch.Tensor:
+    """`_scan` for any mask (masked spans carry the value through, undecayed), on any device.
 
     Closed form, in reversed time ``u`` (the flips are cheap copies): with ``w_u`` the product
     of ``1/a`` up to ``u``, ``y_u = (1/w_u) * sum_{s <= u} w_s b_s``: one running product
@@ -136,13 +225,7 @@ def _scan(b: torch.Tensor, mask: torch.Tensor, rate: float) -> torch.Tensor:
     in float64 (a float32 ``1/rate`` is off by up to 6e-8, an error that would compound
     along it), rounded once to ``b``'s dtype; it restarts every chunk of columns so ``w``
     stays below ``exp(span)``, and a short loop over the chunks carries ``y`` across (chunks
-    of ~1200 tokens for ``rate = 0.95`` in float32, ~6000 for 0.99). On 2 CPU threads this
-    is ~1.7x faster than an integer count of the valid positions and a table of ``rate^-k``.
-
-    Args:
-        b: (B, T) finite, 0 outside the mask; mask: bool (B, T).
-    Returns:
-        (B, T) ``y``, a new tensor (nonzero at masked positions).
+    of ~1200 tokens for ``rate = 0.95`` in float32, ~6000 for 0.99).
     """
     if rate == 1.0:  # no discount: a plain reverse cumulative sum
         return b.flip(-1).cumsum_(-1).flip(-1)
@@ -250,7 +333,7 @@ def compute_gae_advantage_return(
         work = torch.float64 if lam < 0.5 else _work_dtype(token_level_rewards)
         keep, values_w = keep_float(mask, work), values.to(work)
         rewards = zero_outside(token_level_rewards, mask).to(work)
-        scanned = _scan(rewards.add_(values_w, alpha=1.0 / lam - 1.0), mask, gamma * lam)
+        scanned = _scan(rewards.add_(values_w, alpha=1.0 / lam - 1.0), mask, keep, gamma * lam)
         advantages = scanned.mul_(keep).sub_(values_w, alpha=1.0 / lam).to(dtype)
     else:  # TD(0): A_t = delta_t
         deltas = token_level_rewards + gamma * _next_valid_values(values, mask) - values
