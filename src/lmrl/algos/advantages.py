@@ -165,7 +165,7 @@ def _single_runs(keep: torch.Tensor) -> bool:
     return bool((keep.sum(-1) - pairs).max() <= 1)
 
 
-_BLOCK = 16  # (B*T/16, 16) @ (16, 16): the fastest block on 1 and 2 CPU threads (8: 2.3x slower)
+_BLOCK = 16  # (B*T/16, 16) @ (16, 16): the fastest on 1 and 2 CPU threads (8, 32: 1.7-4x slower)
 
 
 @functools.lru_cache(maxsize=64)
@@ -195,7 +195,7 @@ def _block_scan(b: torch.Tensor, rate: float) -> torch.Tensor:
     position ``u`` of the block before as ``rate^(k - u)`` times it. Every level sums at most
     16 terms, so float32 keeps ~1e-7 of the largest value (no overflow, no long-range
     rounding growth), and the whole scan costs about one matmul pass and one update pass.
-    On 2 CPU threads it is ~6x faster than the chunked scan.
+    At B=256, T=4096 it is ~4.5x faster than the chunked scan on 1 and 2 CPU threads.
 
     Args:
         b: (B, T), float32 or float64 (on the CPU).
