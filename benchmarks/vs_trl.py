@@ -436,7 +436,7 @@ def stage_table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> str:
+def machine(threads: str) -> str:
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -450,7 +450,7 @@ def machine() -> str:
     import trl
 
     return (
-        f"{cpu}, {os.cpu_count()} cores visible, {THREADS} threads; torch {torch.__version__}, "
+        f"{cpu}, {os.cpu_count()} cores visible, {threads} threads; torch {torch.__version__}, "
         f"transformers {transformers.__version__}, trl {trl.__version__}, "
         f"python {platform.python_version()}"
     )
@@ -568,7 +568,7 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="lmrl-vs-trl-"))
     if not args.from_json:
         prepare(work, sizes)
-    results = []
+    results, threads = [], set()  # the torch threads the children ran with
     for size in sizes:
         for kl in kls:
             s = settings_for(size, kl, args.quick, args.steps)
@@ -593,6 +593,7 @@ def main() -> None:
                           flush=True)  # fmt: skip
             if not all(runs.values()):
                 continue
+            threads.update(r.get("threads", THREADS) for rs in runs.values() for r in rs)
             results.append(
                 {"size": size, "kl": kl, "setting": asdict(s)}
                 | {side: summarize(rs, s.warmup) for side, rs in runs.items()}
@@ -600,7 +601,7 @@ def main() -> None:
     if not results:
         print(f"one side only: its child JSONs are in {out}")
         return
-    report = {"machine": machine(), "results": results}
+    report = {"machine": machine("/".join(map(str, sorted(threads)))), "results": results}
     (out / "vs_trl.json").write_text(json.dumps(report, indent=1))
     plot(results, out / "vs_trl_rewards.png")
     print(f"\n{report['machine']}\n")

@@ -368,7 +368,7 @@ def test_block_scan_on_single_runs(rate, length):
     got = reverse_discounted_scan(junk.float(), mask, rate).double()
     torch.testing.assert_close(got, expected, atol=1e-6 * scale, rtol=0)
     keep = mask.double()
-    chunked = _chunked_scan(rewards * keep, mask, rate) * keep
+    chunked = _chunked_scan(rewards * keep, keep, rate) * keep
     torch.testing.assert_close(_block_scan(rewards * keep, rate) * keep, chunked)
 
 

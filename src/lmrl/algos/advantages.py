@@ -117,7 +117,7 @@ def _discounted(
     (``keep``, for a caller that goes on to whiten). Both (B, T); ``mask`` bool."""
     work = _work_dtype(inputs)
     keep = keep_float(mask, work)
-    return _scan(zero_outside(inputs, mask).to(work), mask, keep, rate).mul_(keep), keep
+    return _scan(zero_outside(inputs, mask).to(work), keep, rate).mul_(keep), keep
 
 
 def _work_dtype(t: torch.Tensor) -> torch.dtype:
@@ -130,13 +130,12 @@ def _work_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float32
 
 
-def _scan(b: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, rate: float) -> torch.Tensor:
+def _scan(b: torch.Tensor, keep: torch.Tensor, rate: float) -> torch.Tensor:
     """The running value ``y_t = keep_t * b_t + a_t * y_{t+1}`` (``y_T = 0``), with decay
     ``a_t = rate`` at valid and 1 at masked positions: at the valid positions, the solution.
 
     Args:
-        b: (B, T) finite, 0 outside the mask; mask: bool (B, T); keep: the mask as 0/1 of
-        ``b``'s dtype.
+        b: (B, T) finite, 0 outside the mask; keep: the mask as 0/1 of ``b``'s dtype.
     Returns:
         (B, T), a new tensor; its values at masked positions are unspecified (callers zero
         them).
@@ -145,7 +144,7 @@ def _scan(b: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor, rate: float) 
         # no masked position lies between two valid ones: inside each row's run every step
         # decays, and outside it b is 0 (what leaks onto the masked positions is dropped)
         return _block_scan(b, rate)
-    return _chunked_scan(b, mask, rate)
+    return _chunked_scan(b, keep, rate)
 
 
 def _single_runs(keep: torch.Tensor) -> bool:
@@ -216,7 +215,7 @@ def _block_scan(b: torch.Tensor, rate: float) -> torch.Tensor:
     return y[:, :length].contiguous() if pad else y
 
 
-def _chunked_scan(b: torch.Tensor, mask: torch.Tensor, rate: float) -> torch.Tensor:
+def _chunked_scan(b: torch.Tensor, keep: torch.Tensor, rate: float) -> torch.Tensor:
     """`_scan` for any mask (masked spans carry the value through, undecayed), on any device.
 
     Closed form, in reversed time ``u`` (the flips are cheap copies): with ``w_u`` the product
@@ -234,7 +233,7 @@ def _chunked_scan(b: torch.Tensor, mask: torch.Tensor, rate: float) -> torch.Ten
     length = b.shape[-1]
     chunk = max(1, min(length, int(span / -math.log(rate))))
     # 1/a per position: 1/rate where valid, 1 where masked
-    factors = keep_float(mask.flip(-1), torch.float64).mul_(1.0 / rate - 1.0).add_(1.0)
+    factors = keep.flip(-1).to(torch.float64).mul_(1.0 / rate - 1.0).add_(1.0)
     b = b.flip(-1)
     y = torch.empty_like(b)
     carry = None
@@ -331,15 +330,16 @@ def compute_gae_advantage_return(
         # sum_s w (r_s + (1/lam - 1) V_s) - V_t / lam: one scan, no next-value lookup.
         # small lam magnifies V by 1/lam and then cancels it: do that part in float64
         work = torch.float64 if lam < 0.5 else _work_dtype(token_level_rewards)
-        keep, values_w = keep_float(mask, work), values.to(work)
-        rewards = zero_outside(token_level_rewards, mask).to(work)
-        scanned = _scan(rewards.add_(values_w, alpha=1.0 / lam - 1.0), mask, keep, gamma * lam)
-        advantages = scanned.mul_(keep).sub_(values_w, alpha=1.0 / lam).to(dtype)
+        values_w = values.to(work)
+        inputs = torch.add(token_level_rewards.to(work), values_w, alpha=1.0 / lam - 1.0)
+        scanned, keep = _discounted(inputs, mask, gamma * lam)  # masked junk dropped there
+        advantages = scanned.sub_(values_w, alpha=1.0 / lam).to(dtype)
+        keep = keep.to(dtype)
     else:  # TD(0): A_t = delta_t
         deltas = token_level_rewards + gamma * _next_valid_values(values, mask) - values
-        advantages = zero_outside(deltas, mask)
+        advantages, keep = zero_outside(deltas, mask), keep_float(mask, dtype)
     returns = advantages + values  # both 0 outside the mask
-    return whiten_kept(advantages, keep_float(mask, dtype)), returns
+    return whiten_kept(advantages, keep), returns
 
 
 @advantage_estimators.register("grpo", needs=("index",))
