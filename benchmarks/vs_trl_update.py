@@ -258,8 +258,8 @@ def run_lmrl(trainer, s: Setting, completions, adv_eps: float | None) -> dict:
         key = (key, *batch["responses"][r][m].tolist())
         rows[key] += 1
         adv[key] = batch["advantages"][r][m][0]
-        if "ref_log_prob" in batch:
-            ref[key] = batch["ref_log_prob"][r][m]
+        if "ref_log_probs" in batch:
+            ref[key] = batch["ref_log_probs"][r][m]
     loss = metrics["actor/pg_loss"] + (BETA * metrics["actor/kl_loss"] if s.kl else 0.0)
     if s.kl:
         got["kl"] = float(metrics["actor/kl_loss"])

@@ -71,7 +71,7 @@ def test_straight_through_has_k3_value_and_k2_gradient():
 def test_unknown_kind_lists_valid_names():
     with pytest.raises(ValueError, match=r"valid names: abs, full, k1, k2, k3"):
         kl_penalty(LP, REF, "k4")
-    with pytest.raises(ValueError, match="ref_log_prob"):
+    with pytest.raises(ValueError, match="ref_log_probs"):
         kl_penalty(LP, REF[:, :2], "k1")
 
 
@@ -187,7 +187,7 @@ def test_apply_kl_penalty_with_k3_and_fixed_controller():
 def test_apply_kl_penalty_checks_shapes_and_kind():
     x = torch.zeros(2, 3)
     ctrl = FixedKLController(0.1)
-    with pytest.raises(ValueError, match="ref_log_prob"):
+    with pytest.raises(ValueError, match="ref_log_probs"):
         apply_kl_penalty(x, x, x[:, :2], x.bool(), ctrl)
     with pytest.raises(ValueError, match="valid names"):
         apply_kl_penalty(x, x, x, x.bool(), ctrl, kl_penalty="k9")

@@ -205,7 +205,7 @@ def test_micro_batch_invariance_of_the_actor_update(workspace):
     trainer = Trainer(cfg)
     prompts = trainer.train_data.get_batch(list(range(4)))
     batch = trainer.engine.generate(prompts, 4, trainer.sampling)
-    batch["old_log_probs"], _ = trainer.actor.compute_log_prob(batch)
+    batch["old_log_probs"], _ = trainer.actor.compute_log_probs(batch)
     batch["old_log_probs"] = batch["old_log_probs"] + 0.05 * torch.randn_like(
         batch["old_log_probs"]
     )
@@ -259,8 +259,8 @@ def test_concat_rollouts_aligns_widths(workspace):
     assert torch.equal(both["responses"][4:, :t2], second["responses"])
     assert not both["response_mask"][4:, t2:].any()
     # recomputed log-probs do not depend on the padding
-    lp_both, _ = trainer.actor.compute_log_prob(both)
-    lp_second, _ = trainer.actor.compute_log_prob(second)
+    lp_both, _ = trainer.actor.compute_log_probs(both)
+    lp_second, _ = trainer.actor.compute_log_probs(second)
     torch.testing.assert_close(lp_both[4:, :t2], lp_second, atol=1e-5, rtol=1e-5)
 
 
@@ -362,7 +362,7 @@ def test_non_finite_loss_skips_the_optimizer_step(workspace):
     cfg = load_config(None, [*base_overrides(workspace, "run_nan"), "algorithm.adv_estimator=grpo"])
     trainer = Trainer(cfg)
     batch = trainer.engine.generate(trainer.train_data.get_batch([0, 1, 2, 3]), 4, trainer.sampling)
-    batch["old_log_probs"], _ = trainer.actor.compute_log_prob(batch)
+    batch["old_log_probs"], _ = trainer.actor.compute_log_probs(batch)
     advantages = torch.ones_like(batch["old_log_probs"])
     advantages[0, 0] = float("nan")  # one poisoned token in the first mini-batch
     batch["advantages"] = advantages * batch["response_mask"]

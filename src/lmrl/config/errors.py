@@ -1,6 +1,6 @@
 """The one exception of the config package.
 
-``ConfigError`` is a ``ValueError`` (the CLI prints it without a traceback). It carries every
+``ConfigError`` is an ``lmrl.errors.LmrlError`` (the CLI prints it without a traceback). It carries every
 problem found in one pass, so a user fixes a command line once, not once per key.
 """
 
@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lmrl.errors import LmrlError
 
-class ConfigError(ValueError):
+
+class ConfigError(LmrlError):
     """One or more configuration problems, each naming the key and the fix.
 
     Attributes:

@@ -230,6 +230,12 @@ class RewardConfig:
         "(cheapest, but a hanging reward function hangs training).",
     )
     timeout_s: float = opt(10.0, "Seconds one sample's scoring may take before it scores 0.")
+    max_error_fraction: float = opt(
+        0.9,
+        "Stop the run when the first step's scoring fails (raises, times out, returns no "
+        "number) on at least this fraction of samples, quoting the first error; later steps "
+        "only warn. > 1 = never stop.",
+    )
     overlong_buffer: OverlongBufferConfig = opt(OverlongBufferConfig(), "DAPO overlong penalty.")
 
 
@@ -458,6 +464,12 @@ class TrainerConfig:
         "local", "local = one process; ray = worker groups as Ray actors (resources section)."
     )
     critic_warmup: int = opt(0, "Steps that update only the critic before the actor starts.")
+    allow_config_change: bool = opt(
+        False,
+        "Resuming with settings that differ from the run's config.yaml: false = refuse, naming "
+        "each changed key; true = apply them in full (the old file is kept as "
+        "config.step<N>.yaml).",
+    )
 
 
 @dataclass

@@ -13,6 +13,7 @@ from lmrl.models.loading import (
     freeze,
     load_causal_lm,
     load_tokenizer,
+    resolve_device,
     resolve_dtype,
     set_pad_token,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "load_lora",
     "load_tokenizer",
     "merge_lora",
+    "resolve_device",
     "resolve_dtype",
     "save_lora",
     "set_pad_token",

@@ -339,7 +339,7 @@ def compute_log_probs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the responses, without grad, in eval mode, micro-batched.
 
-    Used for ``old_log_probs`` and ``ref_log_prob``. The result does not depend on
+    Used for ``old_log_probs`` and ``ref_log_probs``. The result does not depend on
     ``micro_batch_size`` beyond floating-point rounding.
 
     Args:

@@ -26,6 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lmrl.errors import ModelError
+
 DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
@@ -36,9 +38,18 @@ DTYPES = {
 }
 
 
-class ModelPathError(FileNotFoundError, ValueError):
+class ModelPathError(FileNotFoundError, ModelError):
     """A model or tokenizer path that does not exist or cannot be loaded (both a
-    ``FileNotFoundError`` and a ``ValueError``, so either kind of handler catches it)."""
+    ``FileNotFoundError`` and a ``ModelError``, so either kind of handler catches it)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``trainer.device``: ``auto`` -> cuda when available, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ModelError("trainer.device=cuda but CUDA is not available; use trainer.device=cpu")
+    return torch.device(name)
 
 
 def resolve_dtype(

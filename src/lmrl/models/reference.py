@@ -54,7 +54,7 @@ class Reference:
         temperature: float = 1.0,
         with_entropy: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``ref_log_prob`` of ``batch["responses"]``: (B, T), see ``compute_log_probs``."""
+        """``ref_log_probs`` of ``batch["responses"]``: (B, T), see ``compute_log_probs``."""
         with self.context() as model:
             return compute_log_probs(model, batch, micro_batch_size, temperature, with_entropy)
 

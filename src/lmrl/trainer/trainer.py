@@ -4,7 +4,7 @@
                   needs ``reward_baselines``, i.e. ReMax)
     2 reward      token_level_scores (DAPO dynamic sampling loops 1-2 until the batch is full)
     3 old_log_prob  decoupled (recomputed), bypass (the rollout's own) or rollout correction
-    4 ref         ref_log_prob, when a KL term is on
+    4 ref         ref_log_probs, when a KL term is on
     5 values      the critic's, when the estimator needs values
     6 adv         KL in the reward (optional), then the registry's estimator
     7 critic      clipped value loss
@@ -238,7 +238,7 @@ class Trainer:
                 metrics["actor/old_log_prob_recomputed"] = 0.0
             else:
                 with timer("old_log_prob"):
-                    batch["old_log_probs"], _ = self.actor.compute_log_prob(batch)
+                    batch["old_log_probs"], _ = self.actor.compute_log_probs(batch)
                 metrics["actor/old_log_prob_recomputed"] = 1.0
             if mode == "rollout_correction":
                 c = cfg.rollout.correction
@@ -254,7 +254,7 @@ class Trainer:
             if self.ref is not None:
                 with timer("ref"):
                     micro = cfg.ref.log_prob_micro_batch_size or len(batch)
-                    batch["ref_log_prob"], _ = self.ref.compute_log_probs(
+                    batch["ref_log_probs"], _ = self.ref.compute_log_probs(
                         batch, micro, cfg.rollout.temperature
                     )
 
@@ -268,7 +268,7 @@ class Trainer:
                 rewards = batch["token_level_scores"]
                 if self.kl_ctrl is not None:
                     rewards, kl_metrics = apply_kl_penalty(
-                        rewards, batch["old_log_probs"], batch["ref_log_prob"], mask,
+                        rewards, batch["old_log_probs"], batch["ref_log_probs"], mask,
                         self.kl_ctrl, cfg.algorithm.kl_penalty,
                     )  # fmt: skip
                     metrics |= {f"actor/{k}": v for k, v in kl_metrics.items()}

@@ -25,7 +25,7 @@ from lmrl.models import compute_log_probs, forward_log_probs
 from lmrl.workers.optim import TrainableWorker, clip_and_step
 
 UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-               "advantages", "old_log_probs", "ref_log_prob", "rollout_is_weights")  # fmt: skip
+               "advantages", "old_log_probs", "ref_log_probs", "rollout_is_weights")  # fmt: skip
 
 
 class ActorWorker(TrainableWorker):
@@ -70,7 +70,7 @@ class ActorWorker(TrainableWorker):
             "tau_neg": cfg.policy_loss.tau_neg,
         }
 
-    def compute_log_prob(self, batch: Batch, with_entropy: bool = False):
+    def compute_log_probs(self, batch: Batch, with_entropy: bool = False):
         """Log-probs (and entropy) of the responses under the current policy, no grad.
 
         Returns:
@@ -94,8 +94,8 @@ class ActorWorker(TrainableWorker):
         cfg = self.cfg
         mini_size = cfg.ppo_mini_batch_size * self.rollout_n
         batch = batch.select(*(k for k in UPDATE_KEYS if k in batch))
-        if cfg.use_kl_loss and "ref_log_prob" not in batch:
-            raise ValueError("actor.use_kl_loss needs ref_log_prob in the batch")
+        if cfg.use_kl_loss and "ref_log_probs" not in batch:
+            raise ValueError("actor.use_kl_loss needs ref_log_probs in the batch")
         totals: dict[str, list[torch.Tensor]] = defaultdict(list)
         skipped = 0
         for mini in self.mini_batches(batch, cfg.ppo_epochs, cfg.shuffle, mini_size):
@@ -137,7 +137,7 @@ class ActorWorker(TrainableWorker):
             if cfg.entropy_coeff:
                 loss = loss - cfg.entropy_coeff * entropy_loss
             if cfg.use_kl_loss:
-                kld = kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
+                kld = kl_penalty(log_prob, micro["ref_log_probs"], cfg.kl_loss_type)
                 kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, norm)
                 loss = loss + cfg.kl_loss_coef * kl_loss
                 stats["actor/kl_loss"] = stats["actor/kl_loss"] + kl_loss.detach()
