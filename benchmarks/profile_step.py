@@ -54,7 +54,7 @@ def main() -> None:
                 if key.startswith("timing_s/"):
                     stages.setdefault(key[len("timing_s/") :], []).append(value)
     wall = time.perf_counter() - start
-    trainer.reward_fn.close()
+    trainer.close()
 
     events = prof.key_averages()
     in_ops = sum(e.self_cpu_time_total for e in events) / 1e6

@@ -152,7 +152,7 @@ def peak_rss_mb() -> float:
 def lmrl_trainer(s: Setting, work: Path):
     """lmrl's ``Trainer`` for setting ``s`` (the public API, as ``lmrl train`` builds it)."""
     from lmrl.config import load_config
-    from lmrl.trainer.trainer import Trainer
+    from lmrl.trainer import Trainer, build_run
 
     total = s.warmup + s.steps
     overrides = [
@@ -193,7 +193,8 @@ def lmrl_trainer(s: Setting, work: Path):
         "trainer.device=cpu",
         f"trainer.seed={s.seed}",
     ]
-    return Trainer(load_config(None, overrides))
+    cfg = load_config(None, overrides)
+    return Trainer(build_run(cfg), cfg.trainer)
 
 
 def unclamp_k3() -> None:
@@ -221,8 +222,8 @@ def run_lmrl(s: Setting, work: Path) -> dict:
         tokens.append(int(batch["response_mask"].sum()))
         rewards.append(float(batch["token_level_scores"].sum(-1).mean()))
         stages.append({k: v for k, v in metrics.items() if k.startswith("timing_s/")})
-    trainer.reward_fn.close()
-    params = sum(p.numel() for p in trainer.actor.model.parameters())
+    trainer.close()
+    params = sum(p.numel() for p in trainer.parts.actor.model.parameters())
     return _result(ends, cpu, tokens, rewards, params, stages=stages)
 
 

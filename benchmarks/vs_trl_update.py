@@ -105,13 +105,13 @@ def move_policy(s: Setting, work: Path, out: Path, steps: int) -> tuple[Path, di
     (run / "data" / "train.parquet").symlink_to((work / "data" / "train.parquet").resolve())
     (run / "tiny").symlink_to((work / "tiny").resolve())
     trainer = lmrl_trainer(dataclasses.replace(s, steps=steps), run)
-    model = trainer.actor.model
+    model = trainer.parts.actor.model
     before = flat(model.parameters())
     rewards = []
     for _ in range(steps):
         trainer.step()
         rewards.append(float(trainer.last_batch["token_level_scores"].sum(-1).mean()))
-    trainer.reward_fn.close()
+    trainer.close()
     policy = out / "policy"
     shutil.copytree((work / "tiny").resolve(), policy)
     model.save_pretrained(policy)
@@ -183,8 +183,9 @@ def compare(a, b) -> tuple[float, float]:
 def fixed_batch(trainer, seed: int) -> dict[tuple[int, ...], list[list[int]]]:
     """G completions (token ids, the stopping token included) for every prompt of the data,
     sampled once with lmrl's engine; keyed by the prompt's token ids."""
-    prompts = trainer.train_data.get_batch(range(len(trainer.train_data)))
-    out = trainer.engine.generate(prompts, G, dataclasses.replace(trainer.sampling, seed=seed))
+    parts = trainer.parts
+    prompts = parts.train_data.get_batch(range(len(parts.train_data)))
+    out = parts.engine.generate(prompts, G, dataclasses.replace(parts.plan.sampling, seed=seed))
     plen = out["prompts"].shape[1]
     groups: dict[tuple[int, ...], list[list[int]]] = defaultdict(list)
     for r in range(len(out)):
@@ -203,8 +204,12 @@ def run_lmrl(trainer, s: Setting, completions, adv_eps: float | None) -> dict:
     from lmrl.rollout.base import finish_rollout
 
     if adv_eps is not None:
-        trainer.estimator = functools.partial(trainer.estimator, epsilon=adv_eps)
-    model = trainer.actor.model
+        plan = trainer.parts.plan
+        estimator = functools.partial(plan.estimator, epsilon=adv_eps)
+        trainer.parts = dataclasses.replace(
+            trainer.parts, plan=dataclasses.replace(plan, estimator=estimator)
+        )
+    model = trainer.parts.actor.model
     names = {p: n for n, p in model.named_parameters()}
     before = flat(model.parameters())
     width = max(len(c) for group in completions.values() for c in group)
@@ -214,7 +219,7 @@ def run_lmrl(trainer, s: Setting, completions, adv_eps: float | None) -> dict:
         rows = []
         for i in range(len(prompts)):
             rows += completions[prompt_key(prompts["input_ids"][i], prompts["attention_mask"][i])]
-        responses = torch.full((len(rows), width), trainer.engine.pad_id, dtype=torch.long)
+        responses = torch.full((len(rows), width), trainer.parts.engine.pad_id, dtype=torch.long)
         mask = torch.zeros(len(rows), width, dtype=torch.bool)
         for j, ids in enumerate(rows):
             responses[j, : len(ids)] = torch.tensor(ids)
@@ -241,13 +246,13 @@ def run_lmrl(trainer, s: Setting, completions, adv_eps: float | None) -> dict:
         got["grad_norm"] = float(grad_norm)
         return grad_norm, stepped
 
-    trainer.engine.generate = generate
+    trainer.parts.engine.generate = generate
     actor_mod.forward_log_probs, actor_mod.clip_and_step = logged_forward, logged_clip
     try:
         metrics = trainer.step()
     finally:
         actor_mod.forward_log_probs, actor_mod.clip_and_step = forward_log_probs, clip_and_step
-    trainer.reward_fn.close()
+    trainer.close()
 
     batch = trainer.last_batch
     plen = batch["prompts"].shape[1]
@@ -500,9 +505,9 @@ def main() -> None:
         one_batch = subset_work(work, Path(tmp) / "batch", s.prompts, s.seed, policy)
         try:
             trainer = lmrl_trainer(s, one_batch)
-            if reference is not None and trainer.ref is not None:
-                trainer.ref = build_reference(
-                    trainer.actor.model, reference, dtype="float32", device=trainer.device
+            if reference is not None and trainer.parts.reference is not None:
+                trainer.parts.reference.reference = build_reference(
+                    trainer.parts.actor.model, reference, dtype="float32", device="cpu"
                 )
             completions = fixed_batch(trainer, s.seed)
             lm = run_lmrl(trainer, s, completions, args.adv_eps)

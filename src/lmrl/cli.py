@@ -2,6 +2,11 @@
 
 Each subcommand is a small function that imports its package only when it runs, so
 ``lmrl --help`` stays instant and a missing optional extra only affects its own command.
+
+Exit codes: 0 done; 2 an input the user can fix (an ``lmrl.errors.LmrlError``: a config key,
+a data file, a model path...), printed as one line ``lmrl <command>: error: <message>``; 130
+interrupted by Ctrl-C before the command could handle it (one line, no traceback); anything
+else is a bug and keeps its traceback (exit 1).
 """
 
 from __future__ import annotations
@@ -10,11 +15,21 @@ import argparse
 import sys
 from pathlib import Path
 
+from lmrl.errors import LmrlError, ModelError
+
 
 def _tiny_model(args: argparse.Namespace) -> int:
     from lmrl.models.tiny import build_tiny_model
 
-    path = build_tiny_model(args.out_dir, arch=args.arch, size=args.size, seed=args.seed)
+    out = args.out_dir
+    if not args.force and out.is_dir() and any(out.iterdir()):
+        held = sorted(p.name for p in out.iterdir())
+        more = ", ..." if len(held) > 3 else ""
+        raise ModelError(
+            f"{out} is not empty (it holds {', '.join(held[:3])}{more}); nothing was written: "
+            "give a new directory, or --force to write the model over what is there"
+        )
+    path = build_tiny_model(out, arch=args.arch, size=args.size, seed=args.seed)
     print(f"tiny {args.arch} model ({args.size}) written to {path}")
     return 0
 
@@ -45,12 +60,12 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = load_config(args.config, args.overrides)  # every config error before any model loads
-    from lmrl.trainer.trainer import Trainer
+    from lmrl.trainer import Trainer, build_run
 
-    trainer = Trainer(cfg)
+    trainer = Trainer(build_run(cfg), cfg.trainer)
     trainer.fit()
     print(f"run directory: {trainer.run_dir}")
-    return 0
+    return trainer.exit_code
 
 
 def _sft(args: argparse.Namespace) -> int:
@@ -100,13 +115,14 @@ def _eval(args: argparse.Namespace) -> int:
     import logging
 
     from lmrl.config import load_config
+    from lmrl.errors import CheckpointError
     from lmrl.trainer.checkpoint import latest_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     path = args.path
     checkpoint = latest_checkpoint(path) if (path / "config.yaml").exists() else path
     if checkpoint is None or not (checkpoint.parent / "config.yaml").exists():
-        raise FileNotFoundError(
+        raise CheckpointError(
             f"{path} is neither a run directory with a checkpoint nor a checkpoint "
             "(global_step_N) inside one"
         )
@@ -114,13 +130,9 @@ def _eval(args: argparse.Namespace) -> int:
         checkpoint.parent / "config.yaml",
         [f"trainer.resume_mode={checkpoint}", *args.overrides],
     )
-    from lmrl.trainer.trainer import Trainer
+    from lmrl.trainer import evaluate
 
-    trainer = Trainer(cfg, evaluate_only=True)
-    if trainer.val_data is None:
-        raise ValueError("no validation data: set data.val_files=...")
-    metrics = trainer.validate()
-    trainer.reward_fn.close()
+    metrics = evaluate(cfg, checkpoint)
     print(json.dumps({"checkpoint": str(checkpoint), **metrics}, indent=1))
     return 0
 
@@ -162,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
     p.add_argument("--size", default="tiny", help="tiny (~100k), small (~2M), base (~20M)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--force", action="store_true", help="write into OUT_DIR even if it is not empty"
+    )
     p.set_defaults(func=_tiny_model)
 
     p = sub.add_parser("tasks", help="list the built-in tasks, or write one as parquet")
@@ -223,9 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ImportError) as err:
+    except LmrlError as err:
         print(f"lmrl {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"lmrl {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

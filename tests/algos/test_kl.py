@@ -13,6 +13,7 @@ from lmrl.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
+    full_kl_from_hidden,
     kl_controllers,
     kl_estimators,
     kl_penalty,
@@ -71,7 +72,7 @@ def test_straight_through_has_k3_value_and_k2_gradient():
 def test_unknown_kind_lists_valid_names():
     with pytest.raises(ValueError, match=r"valid names: abs, full, k1, k2, k3"):
         kl_penalty(LP, REF, "k4")
-    with pytest.raises(ValueError, match="ref_log_probs"):
+    with pytest.raises(ValueError, match="ref_log_prob has shape"):
         kl_penalty(LP, REF[:, :2], "k1")
 
 
@@ -187,7 +188,7 @@ def test_apply_kl_penalty_with_k3_and_fixed_controller():
 def test_apply_kl_penalty_checks_shapes_and_kind():
     x = torch.zeros(2, 3)
     ctrl = FixedKLController(0.1)
-    with pytest.raises(ValueError, match="ref_log_probs"):
+    with pytest.raises(ValueError, match="ref_log_prob has shape"):
         apply_kl_penalty(x, x, x[:, :2], x.bool(), ctrl)
     with pytest.raises(ValueError, match="valid names"):
         apply_kl_penalty(x, x, x, x.bool(), ctrl, kl_penalty="k9")
@@ -215,3 +216,59 @@ def test_full_kl_bad_input():
         kl_penalty(torch.zeros(2, 3), torch.zeros(2, 3), kind="full")
     with pytest.raises(ValueError, match="straight_through"):
         kl_penalty(torch.zeros(2, 3, 4), torch.zeros(2, 3, 4), kind="full", straight_through=True)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_size", [1, 4, None])
+def test_full_kl_from_hidden_matches_the_definition_and_its_gradient(temperature, chunk_size):
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+
+    hidden, weight, bias = rand(2, 5, 6), rand(13, 6), rand(13)
+    ref_hidden, ref_weight = rand(2, 5, 4), rand(13, 4)  # another width: any reference fits
+    for t in (hidden, weight, bias, ref_hidden, ref_weight):
+        t.requires_grad_(True)
+    ours = full_kl_from_hidden(
+        hidden, weight, bias, ref_hidden, ref_weight, None, temperature, chunk_size
+    )
+    assert ours.shape == (2, 5)
+    logp = torch.log_softmax((hidden @ weight.T + bias) / temperature, -1)
+    logq = torch.log_softmax((ref_hidden @ ref_weight.T).detach() / temperature, -1)
+    expected = (logp.exp() * (logp - logq)).sum(-1)
+    torch.testing.assert_close(ours, expected, atol=1e-12, rtol=1e-10)
+
+    g = rand(2, 5)
+    got = torch.autograd.grad((ours * g).sum(), (hidden, weight, bias), allow_unused=True)
+    want = torch.autograd.grad((expected * g).sum(), (hidden, weight, bias))
+    for name, a, b in zip(("hidden", "weight", "bias"), got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10, msg=name)
+    # the reference is a constant
+    assert torch.autograd.grad(ours.sum(), (ref_hidden, ref_weight), allow_unused=True) == (
+        None,
+        None,
+    )
+
+
+def test_full_kl_from_hidden_is_zero_against_itself_and_bf16_safe():
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(3, 4, 8, generator=gen).bfloat16().requires_grad_(True)
+    weight = torch.randn(17, 8, generator=gen).bfloat16().requires_grad_(True)
+    kl = full_kl_from_hidden(hidden, weight, None, hidden, weight, None, 0.7, chunk_size=5)
+    assert kl.dtype == torch.float32 and kl.abs().max() < 1e-6
+    kl.sum().backward()
+    assert hidden.grad.dtype == weight.grad.dtype == torch.bfloat16
+    assert hidden.grad.abs().max() < 1e-5 and weight.grad.abs().max() < 1e-5
+
+
+def test_full_kl_from_hidden_bad_input():
+    h, w = torch.zeros(2, 3, 4), torch.zeros(7, 4)
+    with pytest.raises(ValueError, match="vocabulary"):
+        full_kl_from_hidden(h, w, None, h, torch.zeros(8, 4), None)
+    with pytest.raises(ValueError, match="same positions"):
+        full_kl_from_hidden(h, w, None, h[:, :2], w, None)
+    with pytest.raises(ValueError, match=r"\(V, H\)"):
+        full_kl_from_hidden(h, torch.zeros(7, 5), None, h, w, None)
+    with pytest.raises(ValueError, match="bias"):
+        full_kl_from_hidden(h, w, torch.zeros(6), h, w, None)

@@ -11,9 +11,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lmrl.algos.agg import LOSS_AGG_MODES, AggNorm, agg_loss
-from lmrl.algos.losses import policy_losses
+from lmrl.algos.losses import loss_hyperparameters, policy_losses
 
 METRIC_KEYS = ("pg_clipfrac", "pg_clipfrac_lower", "ppo_kl")
+# every hyperparameter of every loss, with the config's defaults
+ALL_HYPERPARAMETERS = {
+    "clip_ratio": 0.2,
+    "clip_ratio_low": None,
+    "clip_ratio_high": None,
+    "clip_ratio_c": 3.0,
+    "tau_pos": 1.0,
+    "tau_neg": 1.05,
+}
 
 
 def t(rows, dtype=torch.float64):
@@ -267,8 +276,10 @@ def test_contract(name):
     old, new, adv, mask = _random_batch(0, 4, 5, torch.float32)
     fn = policy_losses.get(name)
     log_prob = new.clone().requires_grad_(True)
-    # every loss accepts the others' hyperparameters
-    loss, metrics = fn(old, log_prob, adv, mask, "token-mean", tau_pos=1.0, clip_ratio_c=3.0)
+    # every loss takes its own declared hyperparameters, as the actor passes them
+    hyper = {k: ALL_HYPERPARAMETERS[k] for k in loss_hyperparameters(name)}
+    loss, metrics = fn(old, log_prob, adv, mask, "token-mean", rollout_is_weights=None,
+                       norm=None, **hyper)  # fmt: skip
     assert loss.dim() == 0 and torch.isfinite(loss)
     assert set(METRIC_KEYS) <= set(metrics)
     for key in METRIC_KEYS:
@@ -286,6 +297,31 @@ def test_contract(name):
         fn(old, new, adv, mask, rollout_is_weights=bad)
     with pytest.raises(ValueError, match="log_prob"):
         fn(old, new[0], adv, mask)
+    # a hyperparameter the loss does not declare is an error naming it
+    foreign = next(k for k in ALL_HYPERPARAMETERS if k not in hyper)
+    with pytest.raises(TypeError, match=foreign):
+        fn(old, new, adv, mask, **{foreign: ALL_HYPERPARAMETERS[foreign]})
+
+
+def test_a_misspelt_hyperparameter_is_an_error():
+    old, new, adv, mask = _random_batch(0, 2, 3)
+    with pytest.raises(TypeError, match="clip_ration_high"):
+        policy_losses.get("vanilla")(old, new, adv, mask, clip_ration_high=0.28)
+    with pytest.raises(TypeError, match="tau_pos"):  # sapo's, not reinforce's
+        policy_losses.get("reinforce")(old, new, adv, mask, tau_pos=1.0)
+
+
+def test_loss_hyperparameters_are_the_declared_keywords():
+    clip = ("clip_ratio", "clip_ratio_low", "clip_ratio_high")
+    assert loss_hyperparameters("vanilla") == (*clip, "clip_ratio_c")
+    assert loss_hyperparameters("gspo") == loss_hyperparameters("cispo") == clip
+    assert loss_hyperparameters("geo_mean") == clip
+    assert loss_hyperparameters("sapo") == ("tau_pos", "tau_neg")
+    assert loss_hyperparameters("reinforce") == ()
+    for name in policy_losses.names():  # the actor knows every one of them
+        assert set(loss_hyperparameters(name)) <= set(ALL_HYPERPARAMETERS), name
+    with pytest.raises(ValueError, match="vanilla"):
+        loss_hyperparameters("ppo2")
 
 
 # ------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import sys
 import types
 
@@ -242,15 +242,111 @@ def test_registry_checks_use_the_registries(monkeypatch):
     assert "valid names: grouped, plain, valued" in errors_of(["algorithm.adv_estimator=grpo"])
 
 
-def test_a_registry_module_that_does_not_exist_yet_is_skipped(monkeypatch):
-    real = importlib.import_module
+# ------------------------------------------------------------------ errors name what the user wrote
+@pytest.mark.parametrize(
+    ("overrides", "named", "not_named"),
+    [
+        (["data.train_batch_size=0"], "data.train_batch_size=0", "data.gen_batch_size"),
+        (["actor.ppo_mini_batch_size=0"], "actor.ppo_mini_batch_size=0", "critic."),
+        (["actor.ppo_epochs=0"], "actor.ppo_epochs=0", "critic."),
+        (["actor.loss_agg_mode=bad"], "actor.loss_agg_mode='bad'", "critic."),
+        (
+            ["rollout.log_prob_micro_batch_size=0"],
+            "rollout.log_prob_micro_batch_size=0",
+            "ref.log_prob_micro_batch_size",
+        ),
+        (
+            ["critic.ppo_micro_batch_size=0", "algorithm.adv_estimator=gae"],
+            "critic.ppo_micro_batch_size=0",
+            "critic.forward_micro_batch_size",
+        ),
+    ],
+)
+def test_errors_name_only_the_keys_the_user_set(overrides, named, not_named):
+    text = errors_of(overrides)
+    assert named in text and not_named not in text
+    assert "config errors" not in text  # one error: the derived copy is not listed again
 
-    def import_module(name, *args):
-        if name == "lmrl.algos.losses":
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return real(name, *args)
 
-    monkeypatch.setattr(importlib, "import_module", import_module)
-    cfg = load_config(None, [*BASE, "actor.policy_loss.loss_mode=not_written_yet"])
-    assert cfg.actor.policy_loss.loss_mode == "not_written_yet"
-    assert "algorithm.adv_estimator='nope'" in errors_of(["algorithm.adv_estimator=nope"])
+def test_a_derived_key_the_user_set_is_named():
+    text = errors_of(["actor.ppo_epochs=0", "critic.ppo_epochs=0"])
+    assert "actor.ppo_epochs=0" in text and "critic.ppo_epochs=0" in text
+    text = errors_of(["data.gen_batch_size=0"])
+    assert "data.gen_batch_size=0 must be >= 1" in text
+
+
+def test_a_resolved_config_still_names_every_key():
+    from lmrl.config import resolve_config
+
+    cfg = Config()
+    cfg.model.path = "/m"
+    cfg.data.train_batch_size = 0
+    with pytest.raises(ConfigError) as err:
+        validate_config(resolve_config(cfg))
+    assert "data.gen_batch_size=0" in str(err.value)  # nothing left to say it was derived
+    with pytest.raises(ConfigError) as err:
+        validate_config(cfg)
+    assert "data.gen_batch_size" not in str(err.value)
+
+
+# ------------------------------------------------------------------ refused at config time
+def test_vllm_without_the_extra_is_a_config_error(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    text = errors_of(["rollout.name=vllm"])
+    assert "rollout.name=vllm" in text and "needs the [vllm] extra" in text
+    assert "rollout.name=hf" in text
+
+
+def test_vllm_installed_passes_this_check(monkeypatch):
+    real = importlib.util.find_spec
+    found = object()
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: found if name == "vllm" else real(name, *a)
+    )
+    assert load_config(None, [*BASE, "rollout.name=vllm"]).rollout.name == "vllm"
+
+
+def test_ray_backend_is_refused_until_it_exists():
+    text = errors_of(["trainer.backend=ray"])
+    assert "trainer.backend=ray" in text and "not part of this version" in text
+    assert "trainer.backend=local" in text
+
+
+# ------------------------------------------------------------------ keys that change nothing
+@pytest.mark.parametrize(
+    "key",
+    ["actor.kl_loss_coef=0.01", "actor_rollout_ref.actor.kl_loss_coef=0.001"],
+)
+def test_kl_loss_coef_without_the_kl_loss_gets_a_notice(key, caplog):
+    notices: list[str] = []
+    load_config(None, [*BASE, key], notices=notices)
+    assert len(notices) == 1
+    assert notices[0].startswith(key)
+    assert "changes nothing: actor.use_kl_loss=false" in notices[0]
+    assert "set actor.use_kl_loss=true" in notices[0] and "(on the command line)" in notices[0]
+    assert [r.getMessage() for r in caplog.records if r.name == "lmrl.config"] == notices
+
+
+def test_kl_loss_coef_with_the_kl_loss_or_left_alone_gets_no_notice():
+    notices: list[str] = []
+    load_config(None, [*BASE, "actor.use_kl_loss=true", "actor.kl_loss_coef=0.01"], notices=notices)
+    load_config(None, BASE, notices=notices)  # the default coefficient, never written
+    assert notices == []
+
+
+def test_kl_in_reward_keys_without_kl_in_reward_get_a_notice(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("algorithm:\n  kl_ctrl:\n    kl_coef: 0.05\n")
+    notices: list[str] = []
+    load_config(path, BASE, notices=notices)
+    assert len(notices) == 1 and notices[0].startswith("algorithm.kl_ctrl.kl_coef=0.05")
+    assert "algorithm.use_kl_in_reward=false" in notices[0] and f"in {path}" in notices[0]
+
+
+def test_a_notice_is_given_even_when_the_config_has_errors(caplog):
+    with pytest.raises(ConfigError):
+        load_config(None, [*BASE, "actor.kl_loss_coef=0.01", "rollout.n=0"])
+    assert any("kl_loss_coef" in r.getMessage() for r in caplog.records)

@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
+import importlib.util
 import textwrap
 
 import pytest
 
-from lmrl.config import ConfigError, load_config
+from lmrl.config import Config, ConfigError, load_config
 from lmrl.config.fields import schema
-from lmrl.config.verl import VERL_RULES, translate
+from lmrl.config.sft import SFT_CONFIG, SFTConfig, load_sft_config
+from lmrl.config.verl import SFT, TARGETS, TRAIN, VERL_RULES, rules_for, translate
 
 BASE = ["model.path=/models/tiny", "data.train_files=/tmp/x.parquet"]
 
 
-def test_every_rule_of_the_table_lands_on_a_schema_key():
-    spec = schema()
-    for rule in VERL_RULES:
+@pytest.mark.parametrize(("target", "root"), [(TRAIN, Config), (SFT, SFTConfig)])
+def test_every_rule_of_the_table_lands_on_a_schema_key(target, root):
+    spec = schema(root)
+    rules = rules_for(target)
+    assert rules and all(target in r.targets for r in rules)
+    assert len({r.verl for r in rules}) == len(rules)  # one rule per key and target
+
+    def tr(key, value):
+        return translate(key, value, target)
+
+    for rule in rules:
         key = rule.verl.replace("*.", "some.").replace(".*", ".leaf")
         if rule.ours is None:
             if rule.when_true is not None:  # a verl switch: true sets our key, false is a notice
-                assert translate(key, True).path in spec, rule
+                assert tr(key, True).path in spec, rule
                 value = False
             else:
                 value = rule.only[0] if rule.only else True
-            out = translate(key, value)
+            out = tr(key, value)
             assert out.path is None and out.error is None and out.notice, rule
             continue
         if rule.ours.endswith(".*"):
@@ -31,10 +41,30 @@ def test_every_rule_of_the_table_lands_on_a_schema_key():
             assert spec[section].section, rule
             leaf = next(p for p in spec if p.startswith(section + ".") and not spec[p].section)
             verl_key = rule.verl[:-1] + leaf[len(section) + 1 :]
-            assert translate(verl_key, 1).path == leaf, rule
+            assert tr(verl_key, 1).path == leaf, rule
         else:
-            assert translate(rule.verl, "x").path in spec, rule
-            assert not spec[translate(rule.verl, "x").path].section, rule
+            assert tr(rule.verl, "x").path in spec, rule
+            assert not spec[tr(rule.verl, "x").path].section, rule
+
+
+def test_the_table_is_one_for_every_schema():
+    """RL and SFT keys are rows of one table, matched by one matcher per target; a row can
+    serve both, and the same verl key can mean different things to each schema."""
+    assert {t for r in VERL_RULES for t in r.targets} == set(TARGETS)
+    assert set(rules_for(TRAIN)) | set(rules_for(SFT)) == set(VERL_RULES)
+    shared = [r.verl for r in rules_for(TRAIN) if r in rules_for(SFT)]
+    assert "hydra.*" in shared and "model.use_liger" in shared
+    # an SFT key of verl's sft_trainer.yaml: translated for SFT only
+    assert translate("optim.clip_grad", 0.5, SFT).path == "optim.grad_clip"
+    assert translate("optim.clip_grad", 0.5).path == "optim.clip_grad"  # unknown to Config
+    assert translate("model.partial_pretrain", "/m", SFT).path == "model.path"
+    assert translate("trainer.n_gpus_per_node", 8).path == "resources.n_gpus_per_node"
+    assert translate("trainer.n_gpus_per_node", 8, SFT).notice
+    # the SFT loader uses the same function
+    assert SFT_CONFIG.translate("optim.clip_grad", 0.5) == translate("optim.clip_grad", 0.5, SFT)
+    assert load_sft_config(None, ["optim.clip_grad=0.5", *BASE]).optim.grad_clip == 0.5
+    with pytest.raises(ValueError, match="unknown translation target 'ppo'"):
+        translate("x", 1, "ppo")
 
 
 # verl key, value as typed, our key, the value it must have
@@ -219,7 +249,14 @@ COMPANIONS = {
 
 
 @pytest.mark.parametrize(("verl_key", "text", "ours", "expected"), TRANSLATIONS)
-def test_verl_key_maps(verl_key, text, ours, expected):
+def test_verl_key_maps(verl_key, text, ours, expected, monkeypatch):
+    if expected == "vllm":  # the translation is under test, not whether vllm is installed
+        real = importlib.util.find_spec
+        monkeypatch.setattr(
+            importlib.util,
+            "find_spec",
+            lambda name, *a: object() if name == "vllm" else real(name, *a),
+        )
     overrides = [*BASE, *COMPANIONS.get(verl_key, []), f"{verl_key}={text}"]
     cfg = load_config(None, overrides, required=())
     value = cfg

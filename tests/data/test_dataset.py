@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from lmrl.data import RLDataset
+from lmrl.errors import DataError
 from lmrl.models.tiny import build_tokenizer
 
 
@@ -173,6 +174,29 @@ def test_bad_files(tmp_path, tok):
         RLDataset(tmp_path / "empty.jsonl", tok)
     with pytest.raises(ValueError, match="truncation must be one of"):
         RLDataset(write(tmp_path / "ok.jsonl", ROWS), tok, truncation="middle")
+
+
+def test_bad_files_are_data_errors(tmp_path, tok):
+    """The CLI prints a DataError as one line; every bad file is one."""
+    (tmp_path / "broken.jsonl").write_text("{oops\n")
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    for name in ("missing.jsonl", "broken.jsonl", "bad.parquet"):
+        with pytest.raises(DataError, match=re.escape(name)):
+            RLDataset(tmp_path / name, tok)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_byte_that_is_not_utf8_names_file_line_and_column(tmp_path, tok, suffix):
+    path = tmp_path / f"latin1{suffix}"
+    good = json.dumps(row()).encode()
+    bad = json.dumps(row("reverse 12")).encode().replace(b"reverse", b"r\xe9verse")
+    text = good + b"\n" + bad + b"\n" if suffix == ".jsonl" else b"[" + good + b",\n" + bad + b"]"
+    path.write_bytes(text)
+    with pytest.raises(DataError) as err:
+        RLDataset(path, tok)
+    column = bad.index(b"\xe9") + 1
+    expected = f"{path}: line 2: byte 0xe9 at column {column} is not UTF-8"
+    assert str(err.value).startswith(expected), str(err.value)
 
 
 def test_message_prompts_need_a_chat_template(tmp_path, tok):

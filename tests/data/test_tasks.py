@@ -12,6 +12,7 @@ import pytest
 
 from lmrl.cli import main as cli_main
 from lmrl.data import TASKS, RLDataset, generate_rows, write_task
+from lmrl.errors import DataError
 from lmrl.models.tiny import build_tokenizer
 from lmrl.rewards.scorers import default_compute_score
 
@@ -278,3 +279,19 @@ def test_lmrl_tasks_command(tmp_path, capsys):
     assert (out / "train.parquet").is_file() and (out / "test.parquet").is_file()
     assert cli_main(["tasks", "sudoku", "--out", str(out)]) == 2
     assert "tasks: arithmetic, countdown" in capsys.readouterr().err
+
+
+def test_write_task_into_a_file_is_refused_and_leaves_it(tmp_path):
+    target = tmp_path / "notes.txt"
+    target.write_text("keep me")
+    with pytest.raises(DataError, match=r"notes\.txt is a file, not a directory"):
+        write_task("digits", target, num_train=2, num_test=1)
+    assert target.read_text() == "keep me"
+    with pytest.raises(DataError, match="cannot write the digits task"):  # a file as a parent
+        write_task("digits", target / "sub", num_train=2, num_test=1)
+
+
+def test_bad_task_arguments_are_data_errors():
+    for kwargs in ({"name": "sudoku"}, {"name": "digits", "num_train": -1}):
+        with pytest.raises(DataError):
+            generate_rows(**kwargs)

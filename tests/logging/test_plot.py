@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from lmrl.cli import main
+from lmrl.errors import DataError
 from lmrl.logging.plot import DPI, FIGSIZE, draw_run, ema, load_metrics, plot_run
 
 RECORDED = Path(__file__).parent / "data" / "grpo_digits"  # 15 steps of `lmrl train`, GRPO
@@ -67,11 +68,11 @@ def test_empty_panels_say_no_data():
 
 
 def test_missing_metrics_is_a_clear_error(tmp_path, capsys):
-    with pytest.raises(FileNotFoundError, match=r"metrics\.jsonl not found"):
+    with pytest.raises(DataError, match=r"metrics\.jsonl not found"):
         plot_run(tmp_path)
     assert main(["plot", str(tmp_path)]) == 2
     assert "lmrl plot: error:" in capsys.readouterr().err
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(DataError, match="does not exist"):
         plot_run(tmp_path / "nope")
     (tmp_path / "metrics.jsonl").write_text("")
     with pytest.raises(ValueError, match="holds no metrics"):

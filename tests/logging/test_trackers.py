@@ -41,10 +41,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def test_stdlib_logging_is_not_shadowed():
+    import lmrl.logging.factory as factory
     import lmrl.logging.plot as plot
-    import lmrl.logging.trackers as trackers
 
-    assert trackers.logging is logging and plot.logging is logging
+    assert factory.logging is logging and plot.logging is logging
     assert hasattr(logging, "getLogger") and "lmrl" not in logging.__file__
 
 

@@ -5,8 +5,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmrl.models import compute_log_probs, forward_log_probs, load_causal_lm, trim_batch
-from lmrl.models.forward import can_share_prompts, fused_head, prompt_groups
+from lmrl.models import (
+    Reference,
+    apply_lora,
+    build_reference,
+    compute_log_probs,
+    forward_log_probs,
+    freeze,
+    load_causal_lm,
+    trim_batch,
+)
+from lmrl.models.forward import (
+    can_share_prompts,
+    forward_log_probs_and_kl,
+    fused_head,
+    prompt_groups,
+)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -166,3 +180,129 @@ def test_can_share_prompts_only_without_checkpointing_or_sliding_windows(qwen_di
     sliding = load_causal_lm(qwen_dir)
     sliding.config.layer_types = ["sliding_attention", "full_attention"]
     assert not can_share_prompts(sliding)
+
+
+# ----------------------------------------------------------------- full KL to a reference
+
+
+def _perturbed(model, seed=0, scale=0.05):
+    """``model`` with seeded noise on every trainable weight; a LoRA adapter is set to it."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                noise = torch.randn(p.shape, generator=g, dtype=p.dtype)
+                if "lora_" in name:  # PEFT draws A from the global RNG and starts B at 0
+                    p.copy_(0.5 * noise)
+                else:
+                    p.add_(scale * noise)
+    return model
+
+
+def _policy_and_reference(qwen_dir, kind):
+    """(policy, reference) in float64 that differ: a frozen model, or the LoRA base."""
+    if kind == "frozen":
+        reference = Reference(freeze(load_causal_lm(qwen_dir).double()))
+        return _perturbed(load_causal_lm(qwen_dir).double()), reference
+    policy = _perturbed(apply_lora(load_causal_lm(qwen_dir).double(), 4, 8))
+    return policy, build_reference(policy)
+
+
+def _naive_full_kl(policy, reference, batch, temperature):
+    """Unchunked ``sum_v p (log p - log q)`` from both models' full logits (policy with grad)."""
+    T = batch["responses"].shape[1]
+    inputs = {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"].long(),
+        "position_ids": batch["position_ids"],
+    }
+    with torch.no_grad(), reference.context() as ref_model:
+        ref_logits = ref_model(**inputs).logits[:, -T - 1 : -1]
+    logits = policy(**inputs).logits[:, -T - 1 : -1]
+    log_p = torch.log_softmax(logits.double() / temperature, -1)
+    log_q = torch.log_softmax(ref_logits.double() / temperature, -1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    logp = log_p.gather(-1, batch["responses"][..., None]).squeeze(-1)
+    mask = batch["response_mask"]
+    return torch.where(mask, logp, 0.0), torch.where(mask, kl, 0.0)
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("kind", ["frozen", "lora"])
+def test_full_kl_and_its_gradient_equal_the_unchunked_kl(qwen_dir, batch, kind, share):
+    grouped = _grouped(batch)  # GRPO groups: with ``share``, each prompt runs once per side
+    mask = grouped["response_mask"]
+    weights = torch.rand(
+        mask.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64
+    )
+
+    def grads(fn):
+        policy, reference = _policy_and_reference(qwen_dir, kind)
+        logp, kl = fn(policy, reference)
+        ((logp * weights).sum() + (kl * weights).sum()).backward()
+        return (
+            logp.detach(),
+            kl.detach(),
+            {n: p.grad for n, p in policy.named_parameters() if p.requires_grad},
+        )
+
+    def ours(policy, reference):
+        logp, _, kl = forward_log_probs_and_kl(
+            policy, reference, grouped, 0.7, chunk_size=7, share_prompts=share
+        )
+        return logp, kl
+
+    logp, kl, got = grads(ours)
+    ref_logp, ref_kl, want = grads(lambda p, r: _naive_full_kl(p, r, grouped, 0.7))
+    assert kl.shape == mask.shape and (kl[~mask] == 0).all()
+    assert kl[mask].min() > 1e-4  # the two policies differ
+    torch.testing.assert_close(kl, ref_kl, atol=1e-10, rtol=1e-8)
+    torch.testing.assert_close(logp, ref_logp, atol=1e-10, rtol=1e-8)
+    assert want and set(got) == set(want)
+    # in float64 the chunked KL's gradient is the unchunked one's to ~1e-16 of the largest
+    # entry; the shared-prompt forward's gradients are the full forward's to ~1e-6 of it
+    # (plain log-probs alike)
+    tol = 1e-5 if share else 1e-12
+    for name, g in want.items():
+        assert (got[name] - g).abs().max() <= tol * g.abs().max(), name
+
+
+@pytest.mark.parametrize("kind", ["frozen", "lora"])
+def test_full_kl_is_zero_when_the_policy_is_the_reference(qwen_dir, batch, kind):
+    policy = load_causal_lm(qwen_dir)
+    if kind == "lora":
+        policy = apply_lora(policy, 4, 8)  # B = 0: the adapter changes nothing yet
+    reference = build_reference(policy)
+    logp, ent, kl = forward_log_probs_and_kl(policy, reference, batch, 0.7, with_entropy=True)
+    assert kl.abs().max() < 1e-6
+    kl.sum().backward()
+    for name, p in policy.named_parameters():
+        if p.grad is not None:
+            assert p.grad.abs().max() < 1e-5, name
+    plain, plain_ent = forward_log_probs(policy, batch, 0.7, with_entropy=True)
+    torch.testing.assert_close(logp, plain, atol=0, rtol=0)
+    torch.testing.assert_close(ent, plain_ent, atol=0, rtol=0)
+
+
+def test_full_kl_through_the_logits_path_equals_the_fused_path(qwen_dir, batch):
+    results = []
+    for hooked in (False, True):
+        policy, reference = _policy_and_reference(qwen_dir, "frozen")
+        if hooked:  # the policy's head has a hook: its side goes through the model's logits
+            policy.lm_head.register_forward_hook(lambda module, args, out: out)
+            assert fused_head(policy) is None and fused_head(reference.model) is not None
+        _, _, kl = forward_log_probs_and_kl(policy, reference, batch, 0.7)
+        kl.sum().backward()
+        results.append((kl.detach(), {n: p.grad for n, p in policy.named_parameters()}))
+    (fused, fused_grads), (plain, plain_grads) = results
+    torch.testing.assert_close(plain, fused, atol=1e-10, rtol=1e-8)
+    for name, g in fused_grads.items():
+        torch.testing.assert_close(plain_grads[name], g, atol=1e-10, rtol=1e-7, msg=name)
+
+
+def test_full_kl_needs_the_same_vocabulary(qwen_dir, tmp_path, batch):
+    from lmrl.models.tiny import save_model, tiny_config
+
+    other = load_causal_lm(save_model(tiny_config("qwen2", "tiny", vocab_size=300), tmp_path))
+    with pytest.raises(ValueError, match="vocabulary"):
+        forward_log_probs_and_kl(load_causal_lm(qwen_dir), Reference(freeze(other)), batch)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import ViTConfig
 
+from lmrl.errors import ModelError
 from lmrl.models import (
     ModelPathError,
     load_causal_lm,
@@ -39,7 +40,7 @@ def test_directory_without_config_and_file_path(tmp_path):
 
 def test_non_causal_model_is_refused(tmp_path):
     ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"not a causal language model") as err:
+    with pytest.raises(ModelError, match=r"not a causal language model") as err:
         load_causal_lm(tmp_path)
     assert str(tmp_path) in str(err.value) and "vit" in str(err.value)
 
@@ -83,3 +84,18 @@ def test_auto_dtype_is_float32_on_cpu():
 
     assert resolve_dtype("auto", "cpu") == torch.float32
     assert resolve_dtype(None, "cpu") == torch.float32
+
+
+@pytest.mark.parametrize("keep", [5, 0.5])  # a header cut short; the tensors cut short
+def test_truncated_weights_name_the_file(qwen_dir, tmp_path, keep):
+    import shutil
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(qwen_dir, model_dir)
+    weights = model_dir / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(keep if isinstance(keep, int) else int(weights.stat().st_size * keep))
+    with pytest.raises(ModelError) as err:
+        load_causal_lm(model_dir)
+    message = str(err.value)
+    assert f"{weights} is damaged or truncated" in message and "\n" not in message

@@ -68,7 +68,10 @@ def test_gradient_reaches_the_adapter_through_the_fused_head(lora_actor, batch):
     logp, _ = forward_log_probs(lora_actor, batch)
     logp[batch["response_mask"]].sum().backward()
     grads = {n: p.grad for n, p in lora_actor.named_parameters() if p.requires_grad}
-    assert all(g is not None and g.abs().sum() > 0 for g in grads.values())
+    assert grads, "no trainable parameters: the adapter was not applied"
+    assert all("lora_" in n for n in grads), [n for n in grads if "lora_" not in n]
+    no_grad = [n for n, g in grads.items() if g is None or not g.abs().sum() > 0]
+    assert not no_grad, f"no gradient reached: {no_grad}"
 
 
 def test_frozen_copy_reference_without_lora(qwen_dir, batch):

@@ -101,3 +101,29 @@ def test_cli_writes_a_loadable_model(tmp_path):
 
     assert main(["tiny-model", str(tmp_path / "m"), "--arch", "llama", "--seed", "3"]) == 0
     assert isinstance(load_causal_lm(tmp_path / "m"), LlamaForCausalLM)
+
+
+def test_cli_refuses_a_non_empty_directory_without_force(tmp_path, capsys):
+    from lmrl.cli import main
+
+    out = tmp_path / "m"
+    assert main(["tiny-model", str(out), "--seed", "1"]) == 0
+    before = {f.name: f.read_bytes() for f in out.iterdir()}
+    assert main(["tiny-model", str(out), "--seed", "2"]) == 2
+    err = capsys.readouterr().err
+    assert f"{out} is not empty" in err and "--force" in err and err.count("\n") == 1
+    assert {f.name: f.read_bytes() for f in out.iterdir()} == before
+    assert main(["tiny-model", str(out), "--seed", "2", "--force"]) == 0
+    assert (out / "model.safetensors").read_bytes() != before["model.safetensors"]
+    (tmp_path / "empty").mkdir()  # an empty directory is fine
+    assert main(["tiny-model", str(tmp_path / "empty")]) == 0
+
+
+def test_a_file_as_the_output_directory_is_a_model_error(tmp_path):
+    from lmrl.errors import ModelError
+    from lmrl.models.tiny import build_tiny_model
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ModelError, match="is a file, not a directory"):
+        build_tiny_model(tmp_path / "f")
+    assert (tmp_path / "f").read_text() == "x"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from lmrl.errors import RewardError
 from lmrl.rewards.functions import RewardFunction, load_reward_fn, normalize_value
 
 
@@ -86,7 +87,7 @@ def test_call_never_raises():
         return [1.0]
 
     outs = RewardFunction(short).call_batched([None] * 3, ["a", "b", "c"], {})
-    assert [o.status for o in outs] == ["error"] * 3 and "1 scores for 3" in outs[0].message
+    assert [o.status for o in outs] == ["error"] * 3 and "1 scores for 3 samples" in outs[0].message
 
     def nones(prompts, completions):
         return [None, 0.5, "x"]
@@ -120,18 +121,22 @@ def test_load_reward_fn_from_a_file(tmp_path):
     assert again.call_per_sample("x", "7", "8", None).score == 0.5
 
 
-def test_load_reward_fn_errors_name_the_file(tmp_path):
-    with pytest.raises(ValueError, match=r"nope\.py does not exist"):
+def test_load_reward_fn_errors_name_the_file_and_the_function(tmp_path):
+    with pytest.raises(RewardError, match=r"nope\.py does not exist .*'compute_score'"):
         load_reward_fn(tmp_path / "nope.py")
     path = tmp_path / "r.py"
-    path.write_text(REWARD_FILE)
+    path.write_text(REWARD_FILE + "\ndef odd(x, y):\n    return 0.0\n")
     with pytest.raises(
-        ValueError, match=r"'missing' not found in .*r\.py; callables there: .*length_reward"
+        RewardError, match=r"'missing' not found in .*r\.py; callables there: .*length_reward"
     ):
         load_reward_fn(path, "missing")
-    with pytest.raises(ValueError, match="not callable"):
+    with pytest.raises(RewardError, match=r"'NOT_CALLABLE' in .*r\.py is not callable"):
         load_reward_fn(path, "NOT_CALLABLE")
+    with pytest.raises(
+        RewardError, match=r"cannot tell how to call reward function 'odd' in .*r\.py"
+    ):
+        load_reward_fn(path, "odd")
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n")
-    with pytest.raises(ValueError, match=r"broken\.py failed: ModuleNotFoundError"):
-        load_reward_fn(broken)
+    with pytest.raises(RewardError, match=r"broken\.py failed: ModuleNotFoundError.*'my_score'"):
+        load_reward_fn(broken, "my_score")

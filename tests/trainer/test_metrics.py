@@ -21,3 +21,43 @@ def test_issue_metric_names_are_documented():
         assert name in METRICS
     for prefix in ("critic/score/", "critic/rewards/", "critic/advantages/", "timing_s/"):
         assert prefix in METRICS
+
+
+def documented(name: str) -> bool:
+    """In METRICS by name, or under one of its prefixes (keys ending in "/")."""
+    return name in METRICS or any(k.endswith("/") and name.startswith(k) for k in METRICS)
+
+
+def test_every_metric_the_trainer_emits_is_documented(tiny_workspace, tiny_overrides, tmp_path):
+    from lmrl.config import load_config
+    from lmrl.trainer import Trainer, build_run
+
+    runs = {
+        "ppo": [
+            "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true",
+            "actor.use_kl_loss=true", "actor.entropy_coeff=0.01",
+            "rollout.log_prob_mode=rollout_correction", "rollout.correction.mode=mask",
+            f"data.val_files={tiny_workspace / 'data' / 'test.parquet'}",
+        ],
+        "dapo": [
+            "algorithm.filter_groups.enable=true", "reward.manager=dapo",
+            "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2",
+            "actor.clip_ratio_c=3.0",
+        ],
+    }  # fmt: skip
+    emitted: set[str] = set()
+    for name, extra in runs.items():
+        cfg = load_config(None, tiny_overrides(tiny_workspace, tmp_path / name, *extra))
+        trainer = Trainer(build_run(cfg), cfg.trainer)
+        for metrics in trainer.fit():
+            emitted |= metrics.keys()
+    assert {"critic/vf_loss", "actor/kl_loss", "rollout_corr/is_weight_mean",
+            "filter_groups/kept_fraction", "actor/reward_kl_penalty"} <= emitted  # fmt: skip
+    assert any(k.startswith("val/") for k in emitted)
+    missing = sorted(k for k in emitted if not documented(k))
+    assert not missing, f"emitted but not in METRICS (lmrl.trainer.metrics): {missing}"
+
+
+def test_documented_is_not_a_blanket_yes():
+    assert documented("actor/pg_loss") and documented("timing_s/gen")
+    assert not documented("actor/pg_losss") and not documented("made_up/metric")

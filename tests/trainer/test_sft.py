@@ -1,5 +1,6 @@
-"""SFT warm start: data layouts and the loss mask, the loss itself, a short fit, the export,
-the config and the CLI. Everything runs on the tiny (~0.1M) model."""
+"""SFT warm start: the loss itself, a short fit, the shared optimizer and schedule, the export,
+the config and the CLI. Everything runs on the tiny (~0.1M) model. The data layouts and the
+loss mask are tested in tests/data/test_sft.py."""
 
 from __future__ import annotations
 
@@ -12,34 +13,13 @@ from lmrl.batch import Batch
 from lmrl.cli import main
 from lmrl.config import ConfigError
 from lmrl.config.sft import load_sft_config
+from lmrl.data import SFTDataset
 from lmrl.data.tasks import write_task
 from lmrl.models import build_tiny_model, load_causal_lm, load_tokenizer
 from lmrl.rollout import HFEngine, SamplingParams
-from lmrl.trainer.sft import SFTDataset, SFTTrainer, sft_token_log_probs
-
-IM_START, IM_END, PAD = 257, 258, 256  # the byte tokenizer's special ids
-
-
-def byte_ids(text: str) -> list[int]:
-    """The byte tokenizer maps every ASCII character to its byte value."""
-    return list(text.encode())
-
-
-def chatml_prompt(user: str) -> list[int]:
-    """``<|im_start|>user\\n{user}<|im_end|>\\n<|im_start|>assistant\\n``, by hand."""
-    return [
-        IM_START,
-        *byte_ids(f"user\n{user}"),
-        IM_END,
-        *byte_ids("\n"),
-        IM_START,
-        *byte_ids("assistant\n"),
-    ]
-
-
-def write_jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+from lmrl.trainer.sft import SFTTrainer
+from lmrl.workers.optim import TrainableWorker, lr_factor, warmup_steps
+from lmrl.workers.sft import sft_token_log_probs
 
 
 @pytest.fixture(scope="module")
@@ -67,84 +47,6 @@ def overrides(model_dir, train, run_dir, *extra):
         "trainer.logger=[]",
         *extra,
     ]
-
-
-# ---------------------------------------------------------------------------- layouts
-def test_ground_truth_row_masks_exactly_the_answer_and_end_of_turn(tmp_path, tokenizer):
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": "reverse 48213"}],
-            "reward_model": {"ground_truth": "31284"},
-            "data_source": "digits",
-        }
-    ]
-    data = SFTDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer,
-                      response_from_ground_truth=True)  # fmt: skip
-    (ids, mask), = data.examples  # fmt: skip
-    prompt = chatml_prompt("reverse 48213")
-    # the template's "\n" after <|im_end|> is context, and dropped at the end of the sequence
-    assert ids == prompt + byte_ids("31284") + [IM_END]
-    assert mask == [False] * len(prompt) + [True] * 6
-    assert data.stats["loss_tokens"] == 6
-
-
-def test_prompt_response_layout_with_chat_and_string_prompts(tmp_path, tokenizer):
-    rows = [
-        {"prompt": [{"role": "user", "content": "hi"}], "response": "yo"},
-        {"prompt": "Q: 2+2=", "response": "4"},
-    ]
-    data = SFTDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer)
-    (chat_ids, chat_mask), (text_ids, text_mask) = data.examples
-    assert chat_ids == chatml_prompt("hi") + byte_ids("yo") + [IM_END]
-    assert sum(chat_mask) == 3 and chat_mask[-3:] == [True] * 3
-    # a plain-string prompt is used verbatim; its response ends with the EOS token
-    assert text_ids == byte_ids("Q: 2+2=") + byte_ids("4") + [tokenizer.eos_token_id]
-    assert text_mask == [False] * 7 + [True, True]
-
-
-def test_messages_layout_trains_every_assistant_turn(tmp_path, tokenizer):
-    chat = [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "a"},
-        {"role": "assistant", "content": "B1"},
-        {"role": "user", "content": "c"},
-        {"role": "assistant", "content": "D2"},
-    ]
-    data = SFTDataset(write_jsonl(tmp_path / "d.jsonl", [{"messages": chat}]), tokenizer)
-    (ids, mask), = data.examples  # fmt: skip
-    full = tokenizer.apply_chat_template(chat, tokenize=False)
-    assert tokenizer.decode(ids) == full.rstrip("\n")  # the whole conversation, in order
-    trained = [t for t, m in zip(ids, mask, strict=True) if m]
-    assert trained == [*byte_ids("B1"), IM_END, *byte_ids("D2"), IM_END]
-    # the "\n<|im_start|>user\nc<|im_end|>..." between the two turns is context
-    first_end = ids.index(IM_END, ids.index(ord("B")))
-    assert not any(mask[first_end + 1 : ids.index(ord("D"))])
-
-
-def test_bad_rows_name_the_row_and_the_column(tmp_path, tokenizer):
-    path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "x", "answer": "y"}])
-    with pytest.raises(ValueError, match=r"d.jsonl: row 0: neither a 'response' column"):
-        SFTDataset(path, tokenizer)
-    path = write_jsonl(tmp_path / "g.jsonl", [{"prompt": "x", "reward_model": {"ground_truth":
-                                                                                {"a": 1}}}])  # fmt: skip
-    with pytest.raises(ValueError, match=r"row 0: column 'reward_model.ground_truth' is a dict"):
-        SFTDataset(path, tokenizer, response_from_ground_truth=True)
-    path = write_jsonl(tmp_path / "m.jsonl", [{"messages": [{"role": "user", "content": "a"}]}])
-    with pytest.raises(ValueError, match="row 0: column 'messages': no assistant message"):
-        SFTDataset(path, tokenizer)
-
-
-def test_truncation(tmp_path, tokenizer):
-    rows = [{"prompt": "abcdef", "response": "xyz"}, {"prompt": "a" * 20, "response": "b"}]
-    path = write_jsonl(tmp_path / "d.jsonl", rows)
-    with pytest.raises(ValueError, match=r"row 1: the example has 22 tokens, more than"):
-        SFTDataset(path, tokenizer, max_length=12)
-    left = SFTDataset(path, tokenizer, max_length=12, truncation="left")
-    assert [len(ids) for ids, _ in left.examples] == [10, 12]
-    # right truncation cuts row 1's response away: the row is dropped
-    right = SFTDataset(path, tokenizer, max_length=12, truncation="right")
-    assert right.stats == {"rows": 2, "truncated": 1, "dropped": 1, "examples": 1,
-                           "loss_tokens": 4}  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- the loss
@@ -183,9 +85,9 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(tmp_path, model_di
                       f"data.micro_batch_size={micro}", "optim.grad_clip=1e9", "optim.lr=0"),
         )  # fmt: skip
         trainer = SFTTrainer(cfg)
-        trainer.optimizer.zero_grad = lambda set_to_none=True: None  # keep the gradient
+        trainer.worker.optimizer.zero_grad = lambda set_to_none=True: None  # keep the gradient
         losses.append(trainer.step()["sft/loss"])
-        grads.append(torch.cat([p.grad.flatten() for p in trainer.params]))
+        grads.append(torch.cat([p.grad.flatten() for p in trainer.worker.params]))
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-7)
 
@@ -219,6 +121,27 @@ def test_loss_falls_and_metrics_are_logged(fitted):
     assert lines[0]["sft/tokens"] == sum(trainer.train_data.examples[i][1].count(True)
                                          for i in trainer.sampler.order(0)[:16])  # fmt: skip
     assert (trainer.run_dir / "config.yaml").is_file()
+
+
+def test_optimizer_and_schedule_are_a_trainable_workers(fitted):
+    """SFT steps through the actor's and critic's optimizer code: a ``TrainableWorker``'s
+    AdamW, and the shared warmup + cosine ``lr_factor`` (warmup from 0, as verl)."""
+    trainer, history = fitted
+    worker, optim = trainer.worker, trainer.cfg.optim
+    assert isinstance(worker, TrainableWorker) and worker.model is trainer.model
+    assert isinstance(worker.optimizer, torch.optim.AdamW)
+    assert [p for g in worker.optimizer.param_groups for p in g["params"]] == worker.params
+    total = trainer.total_steps
+    warmup = warmup_steps(optim, total)
+    assert (total, warmup, optim.lr_scheduler) == (30, 1, "cosine")  # warmup ratio 0.05
+
+    def lr(step):
+        return optim.lr * lr_factor(step, warmup, total, "cosine", optim.min_lr_ratio)
+
+    # each step logs the lr it used: 0 at step 0 (warmup), the peak at step 1, then cosine
+    assert [m["sft/lr"] for m in history] == pytest.approx([lr(s) for s in range(total)])
+    assert history[0]["sft/lr"] == 0.0 and history[1]["sft/lr"] == pytest.approx(optim.lr)
+    assert worker.lr == pytest.approx(lr(total))  # the schedule advanced once per step
 
 
 def test_export_loads_as_a_model_path_and_generates(fitted):
@@ -284,6 +207,21 @@ def test_verl_sft_keys_map_onto_ours():
     assert cfg.optim.lr_warmup_steps_ratio == 0.1 and cfg.optim.grad_clip == 0.5
     assert cfg.optim.lr_scheduler == "constant" and cfg.data.messages_key == "chat"
     assert len(notices) == 1 and "model.fsdp_config.param_offload" in notices[0]
+
+
+def test_verl_sft_keys_come_from_the_one_table():
+    """SFT's verl keys are rows of ``lmrl.config.verl.VERL_RULES`` for the SFT target; the
+    same key means what it means to each schema (``trainer.nnodes``)."""
+    from lmrl.config.sft import SFT_CONFIG
+    from lmrl.config.verl import SFT, TRAIN, VERL_RULES, translate
+
+    assert any(r.verl == "model.partial_pretrain" and SFT in r.targets for r in VERL_RULES)
+    assert SFT_CONFIG.translate("model.partial_pretrain", "/m").path == "model.path"
+    assert translate("optim.clip_grad", 0.5, SFT).path == "optim.grad_clip"
+    assert translate("optim.clip_grad", 0.5, TRAIN).path == "optim.clip_grad"  # not an RL key
+    assert translate("trainer.nnodes", 2, TRAIN).path == "resources.nnodes"
+    assert translate("trainer.nnodes", 2, SFT).notice is not None
+    assert SFT_CONFIG.spellings("model.path") == ["model.partial_pretrain"]
 
 
 def test_cli_end_to_end(tmp_path, model_dir, digits, capsys):

@@ -16,7 +16,8 @@ from lmrl.cli import main as cli_main
 from lmrl.config import load_config
 from lmrl.data.tasks import write_task
 from lmrl.models import build_tiny_model
-from lmrl.trainer.trainer import Trainer, concat_rollouts
+from lmrl.trainer import Trainer, build_run
+from lmrl.trainer.stages import concat_rollouts
 
 # A reward with spread inside every group, so that every estimator has signal: the share of
 # digits in the response, plus a little for its length.
@@ -129,10 +130,14 @@ RECIPES = {
 }
 
 
+def make_trainer(cfg) -> Trainer:
+    return Trainer(build_run(cfg), cfg.trainer)
+
+
 def trainable_state(trainer: Trainer) -> dict[str, torch.Tensor]:
-    models = {"actor": trainer.actor.model}
-    if trainer.critic is not None:
-        models["critic"] = trainer.critic.model
+    models = {"actor": trainer.parts.actor.model}
+    if trainer.parts.critic is not None:
+        models["critic"] = trainer.parts.critic.model
     return {
         f"{prefix}.{name}": p.detach().clone()
         for prefix, model in models.items()
@@ -144,7 +149,7 @@ def trainable_state(trainer: Trainer) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_recipe_trains_every_parameter_with_finite_metrics(workspace, recipe):
     cfg = load_config(None, base_overrides(workspace, f"run_{recipe}") + RECIPES[recipe])
-    trainer = Trainer(cfg)
+    trainer = make_trainer(cfg)
     before = trainable_state(trainer)
     history = trainer.fit()
     after = trainable_state(trainer)
@@ -162,7 +167,7 @@ def test_recipe_trains_every_parameter_with_finite_metrics(workspace, recipe):
     assert (workspace / f"run_{recipe}" / "metrics.jsonl").read_text().count("\n") == 2
 
     last = history[-1]
-    if trainer.critic is not None:
+    if trainer.parts.critic is not None:
         assert {"critic/vf_loss", "critic/vf_explained_var", "critic/values/mean"} <= last.keys()
     if cfg.algorithm.use_kl_in_reward:
         coef = [m["actor/reward_kl_penalty_coeff"] for m in history]
@@ -185,7 +190,7 @@ def test_old_log_probs_skipped_only_when_provably_identical(workspace):
             "actor.ppo_mini_batch_size=4",
         ],
     )
-    metrics = Trainer(one_mini).step()
+    metrics = make_trainer(one_mini).step()
     assert metrics["actor/old_log_prob_recomputed"] == 0.0
     assert "timing_s/old_log_prob" not in metrics
     assert metrics["actor/ppo_kl"] == pytest.approx(0.0, abs=1e-6)  # ratio 1 on every token
@@ -193,7 +198,7 @@ def test_old_log_probs_skipped_only_when_provably_identical(workspace):
     two_minis = load_config(
         None, [*base_overrides(workspace, "run_noskip"), "algorithm.adv_estimator=grpo"]
     )
-    metrics = Trainer(two_minis).step()
+    metrics = make_trainer(two_minis).step()
     assert metrics["actor/old_log_prob_recomputed"] == 1.0
 
 
@@ -202,10 +207,10 @@ def test_micro_batch_invariance_of_the_actor_update(workspace):
     cfg = load_config(
         None, [*base_overrides(workspace, "run_micro"), "algorithm.adv_estimator=grpo"]
     )
-    trainer = Trainer(cfg)
-    prompts = trainer.train_data.get_batch(list(range(4)))
-    batch = trainer.engine.generate(prompts, 4, trainer.sampling)
-    batch["old_log_probs"], _ = trainer.actor.compute_log_probs(batch)
+    trainer = make_trainer(cfg)
+    prompts = trainer.parts.train_data.get_batch(list(range(4)))
+    batch = trainer.parts.engine.generate(prompts, 4, trainer.parts.plan.sampling)
+    batch["old_log_probs"], _ = trainer.parts.actor.compute_log_probs(batch)
     batch["old_log_probs"] = batch["old_log_probs"] + 0.05 * torch.randn_like(
         batch["old_log_probs"]
     )
@@ -216,8 +221,8 @@ def test_micro_batch_invariance_of_the_actor_update(workspace):
         worker_cfg = copy.deepcopy(cfg.actor)
         worker_cfg.ppo_mini_batch_size = 4
         worker_cfg.ppo_micro_batch_size = micro
-        model = copy.deepcopy(trainer.actor.model)
-        worker = type(trainer.actor)(
+        model = copy.deepcopy(trainer.parts.actor.model)
+        worker = type(trainer.parts.actor)(
             model, worker_cfg, rollout_n=4, max_response_length=8, temperature=1.0,
             log_prob_micro_batch_size=None, total_steps=2, seed=0,
         )  # fmt: skip
@@ -244,12 +249,14 @@ def test_concat_rollouts_aligns_widths(workspace):
     cfg = load_config(
         None, [*base_overrides(workspace, "run_concat"), "algorithm.adv_estimator=grpo"]
     )
-    trainer = Trainer(cfg)
-    short = trainer.train_data.get_batch([0, 1])
-    first = trainer.engine.generate(short, 2, trainer.sampling)
-    trainer.sampling = type(trainer.sampling)(max_new_tokens=3, temperature=1.0)
-    second = trainer.engine.generate(trainer.train_data.get_batch([2]), 2, trainer.sampling)
-    both = concat_rollouts([first, second], trainer.engine.pad_id)
+    trainer = make_trainer(cfg)
+    short = trainer.parts.train_data.get_batch([0, 1])
+    first = trainer.parts.engine.generate(short, 2, trainer.parts.plan.sampling)
+    short_sampling = type(trainer.parts.plan.sampling)(max_new_tokens=3, temperature=1.0)
+    second = trainer.parts.engine.generate(
+        trainer.parts.train_data.get_batch([2]), 2, short_sampling
+    )
+    both = concat_rollouts([first, second], trainer.parts.engine.pad_id)
     assert len(both) == 6
     width_t = max(first["responses"].shape[1], second["responses"].shape[1])
     assert both["responses"].shape[1] == width_t
@@ -259,8 +266,8 @@ def test_concat_rollouts_aligns_widths(workspace):
     assert torch.equal(both["responses"][4:, :t2], second["responses"])
     assert not both["response_mask"][4:, t2:].any()
     # recomputed log-probs do not depend on the padding
-    lp_both, _ = trainer.actor.compute_log_probs(both)
-    lp_second, _ = trainer.actor.compute_log_probs(second)
+    lp_both, _ = trainer.parts.actor.compute_log_probs(both)
+    lp_second, _ = trainer.parts.actor.compute_log_probs(second)
     torch.testing.assert_close(lp_both[4:, :t2], lp_second, atol=1e-5, rtol=1e-5)
 
 
@@ -337,40 +344,21 @@ def test_verl_command_line_runs_as_written(tmp_path, capsys):
     assert (run_dir / "global_step_3" / "critic.safetensors").exists()
 
 
-EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
-
-
-@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
-def test_example_configs_load(workspace, path):
-    cfg = load_config(
-        path,
-        [
-            f"model.path={workspace / 'model'}",
-            f"data.train_files={workspace / 'data' / 'train.parquet'}",
-        ],
-    )
-    assert cfg.algorithm.adv_estimator
-
-
-def test_example_configs_cover_the_recipes():
-    assert {p.stem for p in EXAMPLES} >= {
-        "grpo", "ppo", "dapo", "gspo", "dr_grpo", "reinforce_pp", "rloo", "lora"
-    }  # fmt: skip
-
-
 def test_non_finite_loss_skips_the_optimizer_step(workspace):
     cfg = load_config(None, [*base_overrides(workspace, "run_nan"), "algorithm.adv_estimator=grpo"])
-    trainer = Trainer(cfg)
-    batch = trainer.engine.generate(trainer.train_data.get_batch([0, 1, 2, 3]), 4, trainer.sampling)
-    batch["old_log_probs"], _ = trainer.actor.compute_log_probs(batch)
+    trainer = make_trainer(cfg)
+    batch = trainer.parts.engine.generate(
+        trainer.parts.train_data.get_batch([0, 1, 2, 3]), 4, trainer.parts.plan.sampling
+    )
+    batch["old_log_probs"], _ = trainer.parts.actor.compute_log_probs(batch)
     advantages = torch.ones_like(batch["old_log_probs"])
     advantages[0, 0] = float("nan")  # one poisoned token in the first mini-batch
     batch["advantages"] = advantages * batch["response_mask"]
-    before = {n: p.detach().clone() for n, p in trainer.actor.model.named_parameters()}
-    metrics = trainer.actor.update_policy(batch)
+    before = {n: p.detach().clone() for n, p in trainer.parts.actor.model.named_parameters()}
+    metrics = trainer.parts.actor.update_policy(batch)
     assert metrics["actor/skipped_steps"] == 1.0  # the other mini-batch still stepped
     changed = [
-        n for n, p in trainer.actor.model.named_parameters() if not torch.equal(p, before[n])
+        n for n, p in trainer.parts.actor.model.named_parameters() if not torch.equal(p, before[n])
     ]
     assert changed
-    assert all(torch.isfinite(p).all() for p in trainer.actor.model.parameters())
+    assert all(torch.isfinite(p).all() for p in trainer.parts.actor.model.parameters())

@@ -7,8 +7,10 @@ family so that the trainer never branches on an algorithm's name:
 - ``advantage_estimators``: ``(token_level_rewards, response_mask, *, index, values,
   reward_baselines, gamma, lam, epsilon, norm_adv_by_std_in_grpo) -> (advantages, returns)``
 - ``policy_losses``: ``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, *,
-  rollout_is_weights, norm, clip_ratio...) -> (loss, metrics)``
-- ``kl_estimators``: ``(log_prob, ref_log_prob) -> (B, T)``; ``full`` takes logits.
+  rollout_is_weights, norm, <its own hyperparameters>) -> (loss, metrics)``; which
+  hyperparameters a loss takes: ``loss_hyperparameters(name)``
+- ``kl_estimators``: ``(log_prob, ref_log_prob) -> (B, T)``; ``full`` takes logits
+  (``full_kl_from_hidden`` computes it from hidden states and output heads).
 
 Shapes: ``B`` sequences, ``T`` response tokens, ``V`` vocabulary. Masks are bool, True =
 the position counts, and every reduction over tokens goes through ``masked`` / ``agg_loss``.
@@ -30,6 +32,7 @@ _EXPORTS = {
     "AdaptiveKLController": "lmrl.algos.kl",
     "FixedKLController": "lmrl.algos.kl",
     "apply_kl_penalty": "lmrl.algos.kl",
+    "full_kl_from_hidden": "lmrl.algos.kl",
     "kl_controllers": "lmrl.algos.kl",
     "kl_estimators": "lmrl.algos.kl",
     "kl_penalty": "lmrl.algos.kl",
@@ -42,6 +45,7 @@ _EXPORTS = {
     "masked_sum": "lmrl.algos.masked",
     "masked_var": "lmrl.algos.masked",
     "masked_whiten": "lmrl.algos.masked",
+    "loss_hyperparameters": "lmrl.algos.losses",
     "policy_losses": "lmrl.algos.losses",
     "ALIASES": "lmrl.algos.registry",
     "Registry": "lmrl.algos.registry",

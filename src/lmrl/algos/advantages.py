@@ -152,8 +152,8 @@ def _single_runs(keep: torch.Tensor) -> bool:
 
     A row with ``n`` valid positions in ``r`` runs has ``n - r`` pairs of adjacent valid
     positions, so it is one run (or empty) iff ``n - pairs <= 1``. Two float reductions over
-    the 0/1 mask, exact (a row holds fewer than 2^24 ones): ~0.1 ms at B=256, T=4096 on 2 CPU
-    threads. Reads one flag, which on the CPU costs no device sync.
+    the 0/1 mask, exact (a row holds fewer than 2^24 ones). Reads one flag, which on the CPU
+    costs no device sync.
 
     Args:
         keep: (B, T) 0/1 floats.
@@ -164,7 +164,7 @@ def _single_runs(keep: torch.Tensor) -> bool:
     return bool((keep.sum(-1) - pairs).max() <= 1)
 
 
-_BLOCK = 16  # (B*T/16, 16) @ (16, 16): the fastest on 1 and 2 CPU threads (8, 32: 1.7-4x slower)
+_BLOCK = 16  # (B*T/16, 16) @ (16, 16): the fastest block size on the CPU (benchmarks/README.md)
 
 
 @functools.lru_cache(maxsize=64)
@@ -193,8 +193,8 @@ def _block_scan(b: torch.Tensor, rate: float) -> torch.Tensor:
     (``log_16(T)`` levels, each 1/16 the size of the last); a block start's value reaches
     position ``u`` of the block before as ``rate^(k - u)`` times it. Every level sums at most
     16 terms, so float32 keeps ~1e-7 of the largest value (no overflow, no long-range
-    rounding growth), and the whole scan costs about one matmul pass and one update pass.
-    At B=256, T=4096 it is ~4.5x faster than the chunked scan on 1 and 2 CPU threads.
+    rounding growth), and the whole scan costs about one matmul pass and one update pass,
+    less than the chunked scan's running product and sum (benchmarks/README.md).
 
     Args:
         b: (B, T), float32 or float64 (on the CPU).

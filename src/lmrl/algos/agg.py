@@ -1,13 +1,13 @@
 """Loss aggregation: how a (B, T) matrix of per-token losses becomes one scalar.
 
-The mode decides how tokens and sequences are weighted (seed 000, "agg_loss"):
+The mode decides how tokens and sequences are weighted, as in verl's ``agg_loss``:
 
 - ``token-mean``: every valid token of the mini-batch weighs the same (DAPO).
 - ``token-sum``: plain sum over valid tokens.
 - ``seq-mean-token-sum``: sum within a sequence, mean over sequences (long ones weigh more).
 - ``seq-mean-token-mean``: mean within a sequence, mean over sequences (GRPO paper, GSPO).
 - ``seq-mean-token-sum-norm``: the sum of sequence sums divided by a constant,
-  ``loss_scale_factor`` (default: the response length T), as Dr.GRPO asks. As in seed 000
+  ``loss_scale_factor`` (default: the response length T), as Dr.GRPO asks. As in verl,
   this divisor does not include the number of sequences.
 
 Micro-batches and data-parallel ranks: a mini-batch split into pieces must give the same

@@ -6,7 +6,9 @@ log-probs of tokens sampled from pi (http://joschu.net/blog/kl-approx.html): ``k
 (unbiased and always >= 0, verl's ``low_var_kl``). The recipes' names ``kl``, ``mse`` and
 ``low_var_kl`` resolve through the registry's alias table. ``full`` is the exact KL over the
 vocabulary: it takes (B, T, V) logits (or log-probs) instead of sampled log-probs, and is
-computed in chunks by ``lmrl.algos.logprob.full_kl_from_logits``.
+computed in chunks by ``lmrl.algos.logprob.full_kl_from_logits``. :func:`full_kl_from_hidden`
+is the same KL from the two models' final hidden states and output heads, with the head fused
+into the chunks, so that a policy's KL loss never holds more than one chunk of logits.
 
 The KL coefficient of the reward penalty is state, not config: ``FixedKLController`` and
 ``AdaptiveKLController`` (Ziegler et al., arXiv:1909.08593) carry it across steps and
@@ -22,7 +24,13 @@ from typing import Protocol
 import torch
 
 from lmrl.algos.checks import as_bool_mask, check_2d, check_same_shape
-from lmrl.algos.logprob import full_kl_from_logits
+from lmrl.algos.logprob import (
+    _acc,
+    _check_temperature,
+    _chunk_logits,
+    _rows_per_chunk,
+    full_kl_from_logits,
+)
 from lmrl.algos.masked import masked_mean
 from lmrl.algos.registry import Registry
 
@@ -95,6 +103,130 @@ def full(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
             f"the 'full' KL needs (B, T, V) logits, got log_prob of shape {tuple(log_prob.shape)}"
         )
     return full_kl_from_logits(log_prob, ref_log_prob)
+
+
+class _FullKLFromHidden(torch.autograd.Function):
+    """KL(pi || ref) per row of hidden states; the reference side is a constant.
+
+    Forward keeps the per-row log-sum-exps and KL; backward recomputes both chunks of logits
+    and writes ``d KL / d z = p * (log p - log q - KL) / T`` through the policy's head.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ref_hidden, ref_weight, ref_bias, temperature, rows):
+        n, acc = hidden.shape[0], _acc(hidden)
+        lse, ref_lse, kl = (hidden.new_empty(n, dtype=acc) for _ in range(3))
+        for i in range(0, n, rows):
+            j = min(i + rows, n)
+            log_p = _chunk_logits(hidden[i:j], weight, bias, temperature)  # (c, V) fp32
+            log_q = _chunk_logits(ref_hidden[i:j], ref_weight, ref_bias, temperature)
+            lse[i:j] = torch.logsumexp(log_p, dim=-1)
+            ref_lse[i:j] = torch.logsumexp(log_q, dim=-1)
+            log_p.sub_(lse[i:j, None])
+            log_q.sub_(ref_lse[i:j, None]).neg_().add_(log_p)  # log p - log q
+            # sum_v p (log p - log q) as a batched dot: no third (c, V) tensor
+            kl[i:j] = torch.bmm(log_p.exp_().unsqueeze(1), log_q.unsqueeze(2)).view(-1)
+        ctx.save_for_backward(hidden, weight, bias, ref_hidden, ref_weight, ref_bias,
+                              lse, ref_lse, kl)  # fmt: skip
+        ctx.temperature, ctx.rows = temperature, rows
+        ctx.has_bias, ctx.has_ref_bias = bias is not None, ref_bias is not None
+        return kl
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_kl):
+        hidden, weight, bias, ref_hidden, ref_weight, ref_bias, lse, ref_lse, kl = ctx.saved_tensors
+        bias = bias if ctx.has_bias else None
+        ref_bias = ref_bias if ctx.has_ref_bias else None
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        n, temperature, rows = hidden.shape[0], ctx.temperature, ctx.rows
+        acc = _acc(weight)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
+        grad_b = torch.zeros_like(bias, dtype=acc) if need_b and bias is not None else None
+        for i in range(0, n, rows):
+            j = min(i + rows, n)
+            log_p = _chunk_logits(hidden[i:j], weight, bias, temperature).sub_(lse[i:j, None])
+            log_q = _chunk_logits(ref_hidden[i:j], ref_weight, ref_bias, temperature)
+            log_q.sub_(ref_lse[i:j, None])
+            # p * (log p - log q - KL) * g / T, built in log_q's storage
+            g = log_q.neg_().add_(log_p).sub_(kl[i:j, None]).mul_(log_p.exp_())
+            g.mul_(grad_kl[i:j, None] / temperature)
+            if grad_b is not None:
+                grad_b += g.sum(0)
+            g = g.to(weight.dtype)
+            if need_h:
+                grad_h[i:j] = g @ weight
+            if need_w:
+                grad_w.addmm_(g.t().to(acc), hidden[i:j].to(acc))
+        return (
+            grad_h,
+            grad_w.to(weight.dtype) if need_w else None,
+            grad_b.to(bias.dtype) if grad_b is not None else None,
+            None, None, None, None, None,
+        )  # fmt: skip
+
+
+def full_kl_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    ref_hidden: torch.Tensor,
+    ref_weight: torch.Tensor,
+    ref_bias: torch.Tensor | None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """Exact ``KL(pi || pi_ref) = sum_v p_v (log p_v - log q_v)`` per token, from hidden states.
+
+    ``p = softmax((hidden @ weight.T + bias) / T)`` and ``q`` likewise from the reference's
+    ``ref_hidden``, ``ref_weight``, ``ref_bias``. The logits of both exist one chunk of
+    ``chunk_size`` rows at a time, in fp32, in forward and backward (which recomputes them):
+    memory beyond the inputs is one (rows, V) chunk per side and three floats per row.
+    The gradient flows to ``hidden``, ``weight`` and ``bias`` only; the reference side is a
+    constant (detached here).
+
+    Args:
+        hidden: (B, T, H) (any leading dims) the policy's final hidden states.
+        weight: (V, H) the policy's output head; bias: (V,) or None.
+        ref_hidden: (B, T, H') the reference's final hidden states at the same positions.
+        ref_weight: (V, H') the reference's output head; ref_bias: (V,) or None.
+        temperature: the sampling temperature, > 0, applied to both.
+        chunk_size: rows per chunk; default keeps one fp32 chunk of logits near 64 MB.
+    Returns:
+        (B, T) fp32 KL (fp64 for fp64 inputs), >= 0 up to rounding.
+    """
+    for name, h, w, b in (
+        ("hidden", hidden, weight, bias),
+        ("ref_hidden", ref_hidden, ref_weight, ref_bias),
+    ):
+        if not isinstance(h, torch.Tensor) or h.dim() < 2 or not h.is_floating_point():
+            raise ValueError(f"{name} must be a floating point (..., H) tensor")
+        if w.dim() != 2 or w.shape[1] != h.shape[-1]:
+            raise ValueError(
+                f"the head of {name} must be (V, H) with H = {h.shape[-1]}, got {tuple(w.shape)}"
+            )
+        if b is not None and b.shape != w.shape[:1]:
+            raise ValueError(f"the bias of {name} must be ({w.shape[0]},), got {tuple(b.shape)}")
+    if ref_hidden.shape[:-1] != hidden.shape[:-1]:
+        raise ValueError(
+            f"ref_hidden {tuple(ref_hidden.shape)} and hidden {tuple(hidden.shape)} must cover "
+            "the same positions"
+        )
+    if ref_weight.shape[0] != weight.shape[0]:
+        raise ValueError(
+            f"the reference's vocabulary ({ref_weight.shape[0]}) differs from the policy's "
+            f"({weight.shape[0]}): the full KL needs the same tokens on both sides"
+        )
+    temperature = _check_temperature(temperature)
+    lead = hidden.shape[:-1]
+    rows = _rows_per_chunk(weight.shape[0], chunk_size)
+    kl = _FullKLFromHidden.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, bias,
+        ref_hidden.detach().reshape(-1, ref_hidden.shape[-1]), ref_weight.detach(),
+        ref_bias.detach() if ref_bias is not None else None, temperature, rows,
+    )  # fmt: skip
+    return kl.view(lead)
 
 
 def _kl_estimate(

@@ -1,11 +1,12 @@
 """Policy losses: the ``policy_losses`` registry, one entry per recipe, one shared signature.
 
-Every loss takes ``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode)`` plus
-keyword hyperparameters and returns ``(loss, metrics)``: a 0-dim loss whose gradient flows
-through ``log_prob`` only, and detached 0-dim ``pg_clipfrac``, ``pg_clipfrac_lower`` and
-``ppo_kl`` (0 where a loss has no such notion). A loss accepts and ignores the other losses'
-hyperparameters (``**kwargs``), so the trainer calls whichever one the config names without
-branching on it.
+Every loss takes ``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, *,
+rollout_is_weights, norm)`` plus the keyword hyperparameters it uses, and no others, and returns
+``(loss, metrics)``: a 0-dim loss whose gradient flows through ``log_prob`` only, and detached
+0-dim ``pg_clipfrac``, ``pg_clipfrac_lower`` and ``ppo_kl`` (0 where a loss has no such notion).
+A misspelt or foreign hyperparameter is a ``TypeError`` naming it; a caller holding every
+hyperparameter passes each loss its own, read once from :func:`loss_hyperparameters`, so it
+calls whichever loss the config names without branching on it.
 
 The choice this module makes: inputs are sanitized at the boundary. Positions outside
 ``response_mask`` are replaced by 0 with ``torch.where`` before any arithmetic, so NaN or
@@ -17,6 +18,7 @@ loss is computed per micro-batch (see ``lmrl.algos.agg``).
 
 from __future__ import annotations
 
+import inspect
 from typing import NamedTuple
 
 import torch
@@ -34,6 +36,24 @@ _LOG_RATIO_CLAMP = 20.0
 _GSPO_LOG_RATIO_MAX = 10.0
 
 Metrics = dict[str, torch.Tensor]
+
+# keyword arguments every policy loss takes that are inputs, not hyperparameters
+_SHARED_KEYWORDS = ("rollout_is_weights", "norm")
+
+
+def loss_hyperparameters(name: str) -> tuple[str, ...]:
+    """The hyperparameters the policy loss ``name`` declares, in signature order.
+
+    Its keyword-only parameters other than ``rollout_is_weights`` and ``norm``: e.g.
+    ``("clip_ratio", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c")`` for ``vanilla``,
+    ``()`` for ``reinforce``. Raises the registry's ValueError for an unknown name.
+    """
+    params = inspect.signature(policy_losses.get(name)).parameters.values()
+    return tuple(
+        p.name
+        for p in params
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _SHARED_KEYWORDS
+    )
 
 
 class _Inputs(NamedTuple):
@@ -125,7 +145,6 @@ def vanilla(
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
     clip_ratio_c: float = 3.0,
-    **kwargs,
 ) -> tuple[torch.Tensor, Metrics]:
     """PPO's clipped surrogate with asymmetric bounds and the dual clip for A < 0.
 
@@ -147,7 +166,6 @@ def vanilla(
         clip_ratio_low: the ratio is clipped from below at ``1 - clip_ratio_low``.
         clip_ratio_high: the ratio is clipped from above at ``1 + clip_ratio_high``.
         clip_ratio_c: dual-clip constant, must be > 1.
-        **kwargs: other losses' hyperparameters, ignored.
     Returns:
         ``(loss, metrics)``: ``pg_clipfrac`` = fraction of tokens where the clipped term was
         chosen; ``pg_clipfrac_lower`` = fraction with A < 0 bounded by the dual clip;
@@ -189,8 +207,6 @@ def gspo(
     clip_ratio: float = 0.2,
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    **kwargs,
 ) -> tuple[torch.Tensor, Metrics]:
     """GSPO: PPO clipping on a sequence-level ratio, with token-level gradients.
 
@@ -199,7 +215,7 @@ def gspo(
     ``s_it = sg[s_i] * pi / sg[pi]`` (same value as ``s_i``, gradient of its own log-prob),
     log-clamped at 10, in ``max(-A s_it, -A clip(s_it, 1 - low, 1 + high))``.
     The aggregation is always ``seq-mean-token-mean`` (``loss_agg_mode`` is ignored, as in
-    verl); ``norm`` is honoured. ``clip_ratio_c`` is unused.
+    verl); ``norm`` is honoured.
 
     Args:
         old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
@@ -208,7 +224,6 @@ def gspo(
         norm: global normalizers of the mini-batch when this is a micro-batch.
         clip_ratio, clip_ratio_low, clip_ratio_high: the clip range, as in ``vanilla``
             (the GSPO paper uses small values such as 3e-4 / 4e-4).
-        **kwargs: other losses' hyperparameters, ignored.
     Returns:
         ``(loss, metrics)``; ``pg_clipfrac_lower`` is 0.
     """
@@ -244,8 +259,6 @@ def geo_mean(
     clip_ratio: float = 0.2,
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    **kwargs,
 ) -> tuple[torch.Tensor, Metrics]:
     """GMPO: the geometric mean of token ratios per sequence, clipped token-wise in log space.
 
@@ -255,7 +268,7 @@ def geo_mean(
     ``exp`` of the mean of those over the sequence, the sequence advantage the mean of A, and
     ``loss = mean_i(-A_i * ratio_i)`` over sequences with at least one valid token
     (``loss_agg_mode`` is ignored; ``norm.seq_count`` is honoured). Rollout weights enter per
-    sequence as their geometric mean. ``clip_ratio_c`` is unused.
+    sequence as their geometric mean.
 
     Args:
         old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
@@ -264,7 +277,6 @@ def geo_mean(
             multiplies the sequence loss.
         norm: global normalizers of the mini-batch when this is a micro-batch.
         clip_ratio, clip_ratio_low, clip_ratio_high: the clip range in log space.
-        **kwargs: other losses' hyperparameters, ignored.
     Returns:
         ``(loss, metrics)``: ``pg_clipfrac`` / ``pg_clipfrac_lower`` = fraction of tokens with
         A > 0 / A < 0 whose log-ratio lies outside ``[-low, high]``.
@@ -307,15 +319,13 @@ def cispo(
     clip_ratio: float = 0.2,
     clip_ratio_low: float | None = None,
     clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    **kwargs,
 ) -> tuple[torch.Tensor, Metrics]:
     """CISPO: REINFORCE weighted by a clipped, stop-gradient importance ratio.
 
     MiniMax-M1 (arXiv:2506.13585). Per token ``l = -sg(clip(r, 1 - low, 1 + high)) * A *
     log_prob`` with ``r = exp(clamp(log_prob - old_log_prob, -20, 20))``: clipping the weight
     instead of the update keeps every token's gradient (the paper leaves the lower bound
-    open: set ``clip_ratio_low`` >= 1). ``clip_ratio_c`` is unused.
+    open: set ``clip_ratio_low`` >= 1).
 
     Args:
         old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
@@ -323,7 +333,6 @@ def cispo(
         rollout_is_weights: detached (B, T) weights multiplying the per-token loss.
         norm: global normalizers of the mini-batch when this is a micro-batch.
         clip_ratio, clip_ratio_low, clip_ratio_high: the importance-weight clip range.
-        **kwargs: other losses' hyperparameters, ignored.
     Returns:
         ``(loss, metrics)``: ``pg_clipfrac`` = fraction of tokens whose ratio was clipped;
         ``pg_clipfrac_lower`` is 0.
@@ -354,13 +363,8 @@ def sapo(
     *,
     rollout_is_weights: torch.Tensor | None = None,
     norm: AggNorm | None = None,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
     tau_pos: float = 1.0,
     tau_neg: float = 1.05,
-    **kwargs,
 ) -> tuple[torch.Tensor, Metrics]:
     """SAPO: a smooth sigmoid gate on the ratio instead of a hard clip.
 
@@ -369,7 +373,7 @@ def sapo(
     ``tau_neg`` elsewhere, ``r = exp(clamp(log_prob - old_log_prob, -20, 20))``. At r = 1 the
     gate's slope is 1 (the plain policy gradient); far from 1 it fades smoothly. As in verl
     the aggregation is always ``seq-mean-token-mean`` (``loss_agg_mode`` is ignored; ``norm``
-    is honoured); the clip arguments are unused.
+    is honoured); it has no clip range.
 
     Args:
         old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
@@ -379,7 +383,6 @@ def sapo(
         tau_pos: gate temperature for positive advantages, > 0.
         tau_neg: gate temperature for non-positive advantages, > 0 (larger = the gradient
             of a bad token fades faster once its ratio moves away from 1).
-        **kwargs: other losses' hyperparameters, ignored.
     Returns:
         ``(loss, metrics)``; ``pg_clipfrac`` and ``pg_clipfrac_lower`` are 0 (nothing is
         clipped).
@@ -409,25 +412,18 @@ def reinforce(
     *,
     rollout_is_weights: torch.Tensor | None = None,
     norm: AggNorm | None = None,
-    clip_ratio: float = 0.2,
-    clip_ratio_low: float | None = None,
-    clip_ratio_high: float | None = None,
-    clip_ratio_c: float = 3.0,
-    **kwargs,
 ) -> tuple[torch.Tensor, Metrics]:
     """Plain policy gradient ``-A * log_prob * w`` (w = rollout weights, or 1).
 
     REINFORCE (Williams, 1992), for bypass mode where the rollout engine's log-probs serve as
-    the old policy and the only correction is ``rollout_is_weights``. No ratio, no clipping;
-    ``old_log_prob`` only feeds the ``ppo_kl`` diagnostic.
+    the old policy and the only correction is ``rollout_is_weights``. No ratio, no clipping,
+    no hyperparameters; ``old_log_prob`` only feeds the ``ppo_kl`` diagnostic.
 
     Args:
         old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
         loss_agg_mode: see ``lmrl.algos.agg.agg_loss``.
         rollout_is_weights: detached (B, T) weights multiplying the per-token loss.
         norm: global normalizers of the mini-batch when this is a micro-batch.
-        clip_ratio, clip_ratio_low, clip_ratio_high, clip_ratio_c: unused.
-        **kwargs: other losses' hyperparameters, ignored.
     Returns:
         ``(loss, metrics)``; clip fractions are 0, ``ppo_kl`` = masked mean of
         ``old_log_prob - log_prob``.

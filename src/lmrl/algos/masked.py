@@ -5,9 +5,9 @@ mask never reach a result, NaN and inf included: they are selected away (``zero_
 not multiplied by zero. An empty mask gives a mean of 0, not NaN.
 
 On the CPU, torch's bool-mask kernels (``torch.where``, ``masked_fill``, ``bool.to(float)``,
-``bool.sum()``) run ~10x slower than float arithmetic on the same tensor, so the selection is
+``bool.sum()``) are much slower than float arithmetic on the same tensor, so the selection is
 done on the bits of the floats and the mask is read through a ``uint8`` view
-(``zero_outside``, ``keep_float``): same results, measured in ``benchmarks/algos.py``.
+(``zero_outside``, ``keep_float``), with the same results.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def zero_outside(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     are gone, those inside kept.
 
     On the CPU, for tensors without autograd, a bitwise AND of each float's bits with all
-    ones (kept) or all zeros (+0.0): ~4x faster there than ``torch.where``; elsewhere
+    ones (kept) or all zeros (+0.0), faster there than ``torch.where``; elsewhere
     ``torch.where``.
 
     Args:
@@ -51,7 +51,7 @@ def zero_outside(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def keep_float(mask: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A bool mask as 0/1 floats of ``dtype`` (read through a ``uint8`` view: on the CPU ~10x
+    """A bool mask as 0/1 floats of ``dtype`` (read through a ``uint8`` view: on the CPU
     faster than ``mask.to(dtype)``). Multiplying by it is only safe for finite values."""
     mask = as_bool_mask("mask", mask)
     return mask.view(torch.uint8).to(dtype)

@@ -2,7 +2,8 @@
 
 The engine that samples (vLLM in bf16, say) and the trainer that recomputes log-probs (fp32)
 disagree a little, so the samples are slightly off-policy for pi_old. The weight
-``w = pi_old / pi_rollout`` of each sampled token corrects for that (seed 002 §3.6.7):
+``w = pi_old / pi_rollout`` of each sampled token corrects for that, as verl's rollout
+correction (``algorithm.rollout_is*``) does:
 
 - ``level``: ``token`` (one weight per token), ``sequence`` (the product over the sequence,
   broadcast to its tokens) or ``geometric`` (the geometric mean over the sequence, a

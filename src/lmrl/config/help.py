@@ -13,6 +13,7 @@ import types
 from collections.abc import Sequence
 from typing import Any, Literal, Union, get_args, get_origin
 
+from lmrl.config.errors import ConfigError
 from lmrl.config.fields import get_path, schema
 from lmrl.config.schema import Config
 from lmrl.config.verl import section_prefixes
@@ -27,13 +28,15 @@ def format_help(sections: Sequence[str] | None = None, width: int = 100) -> str:
         width: wrap width of the help text.
     Returns:
         The text, ending with a newline.
+    Raises:
+        ConfigError: an unknown section.
     """
     spec = schema()
     tops = [p for p, s in spec.items() if s.section and "." not in p]
     if sections is not None:
         unknown = [s for s in sections if s not in tops]
         if unknown:
-            raise ValueError(f"unknown config section(s) {unknown}; sections: {', '.join(tops)}")
+            raise ConfigError(f"unknown config section(s) {unknown}; sections: {', '.join(tops)}")
     lines = key_lines(Config, "lmrl train", "actor.optim.lr=1e-6", width, sections)
     if sections is None:
         lines += ["", "verl key paths are accepted and translated:"]

@@ -8,9 +8,12 @@ did-you-mean), and its value is converted to the key's type. Then the config is 
 (``null`` = "same as X" defaults filled in) and validated (``lmrl.config.validate``). All
 problems found are raised together as one ``ConfigError``; nothing loads a model.
 
-Notices (verl keys that change nothing here, harmless oddities) go to the
-``lmrl.config`` logger at WARNING level, one line each, and to ``notices`` when a list is
-given.
+Notices (verl keys that change nothing here, keys the user set that change nothing given the
+others, harmless oddities) go to the ``lmrl.config`` logger at WARNING level, one line each,
+and to ``notices`` when a list is given. The loader remembers which keys the user set (a
+key that changes nothing given the others gets its notice only then), and validation sees
+the config as written, before derived defaults are filled, so its errors name only keys the
+user set.
 
 The same machinery loads another root config type (``lmrl sft``'s ``SFTConfig``): a
 ``ConfigKind`` names its root dataclass, its verl translation, and its resolve and validate
@@ -37,7 +40,7 @@ from lmrl.config.fields import Mismatch, coerce, leaf_paths, schema
 from lmrl.config.fields import get_path as _get
 from lmrl.config.fields import set_path as _set
 from lmrl.config.schema import Config
-from lmrl.config.validate import resolve_config, validate_config
+from lmrl.config.validate import inert_keys, resolve_config, validate_config
 from lmrl.config.verl import Translation, translate, verl_spellings
 
 logger = logging.getLogger("lmrl.config")
@@ -52,11 +55,15 @@ class ConfigKind:
 
     Attributes:
         root: the root dataclass (``Config``, ``SFTConfig``).
-        translate: ``translate(key, value) -> Translation`` (its verl key table).
+        translate: ``translate(key, value) -> Translation``: ``lmrl.config.verl.translate``
+            for its target schema (the one verl table's rules for this root).
         spellings: ``spellings(path) -> [verl spellings]`` for did-you-mean suggestions.
-        resolve: ``resolve(cfg) -> cfg`` (types converted, derived defaults filled).
-        validate: ``validate(cfg, notices=list)``; raises ``ConfigError``.
+        resolve: ``resolve(cfg) -> cfg`` (derived defaults filled, on a copy).
+        validate: ``validate(cfg, notices=list)`` on the config as written (before
+            ``resolve``); raises ``ConfigError``.
         command: the command that loads it (named in help hints and saved files).
+        inert: ``inert(cfg) -> {key: why}``: keys that change nothing given the others'
+            values; each one the user set gets a notice.
     """
 
     root: type
@@ -65,11 +72,12 @@ class ConfigKind:
     resolve: Callable[[Any], Any]
     validate: Callable[..., None]
     command: str
+    inert: Callable[[Any], Mapping[str, str]] = lambda cfg: {}
 
 
 #: the RL training config (``lmrl train``)
 RL_CONFIG = ConfigKind(
-    Config, translate, verl_spellings, resolve_config, validate_config, "lmrl train"
+    Config, translate, verl_spellings, resolve_config, validate_config, "lmrl train", inert_keys
 )
 
 
@@ -309,7 +317,12 @@ def _finish(
     kind: ConfigKind,
 ) -> Config:
     found: list[str] = []
-    cfg = _build(layers, errors, found, kind)
+    written: dict[str, tuple[_Entry, Any]] = {}  # path -> the entry that set it last, its value
+    cfg = _build(layers, errors, found, kind, written)
+    for path, why in kind.inert(cfg).items():
+        if path in written:
+            entry, value = written[path]
+            found.append(f"{entry.key}={value!r} changes nothing: {why} ({entry.source})")
     if errors:
         _emit(found, notices)
         raise ConfigError(errors)
@@ -323,8 +336,8 @@ def _finish(
                 "config file"
             )
     try:
+        kind.validate(cfg, notices=found)  # as written: errors name only keys the user set
         cfg = kind.resolve(cfg)
-        kind.validate(cfg, notices=found)
     except ConfigError as err:
         _emit(found, notices)
         raise ConfigError(missing + err.errors) from None
@@ -335,7 +348,11 @@ def _finish(
 
 
 def _build(
-    layers: list[list[_Entry]], errors: list[str], found: list[str], kind: ConfigKind
+    layers: list[list[_Entry]],
+    errors: list[str],
+    found: list[str],
+    kind: ConfigKind,
+    written: dict[str, tuple[_Entry, Any]],
 ) -> Config:
     cfg = kind.root()
     spec = schema(kind.root)
@@ -392,7 +409,7 @@ def _build(
                     f"{entry.key}={value!r}; keep one"
                 )
                 continue
-            seen[path] = (entry, value)
+            seen[path] = written[path] = (entry, value)
             _set(cfg, path, value)
     return cfg
 

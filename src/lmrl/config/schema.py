@@ -1,9 +1,9 @@
 """The configuration schema: typed nested dataclasses holding every default and its help.
 
-One section per stage of the training step (DESIGN.md): ``data``, ``model``, ``rollout``,
-``reward``, ``algorithm``, ``actor``, ``critic``, ``ref``, ``trainer``, and ``resources`` for
-placement. Every field is declared with ``opt(default, help)``, so its help text sits next to
-it and ``lmrl train --help`` reads it from here (``field.metadata["help"]``); a section's
+One section per stage of the training step: ``data``, ``model``, ``rollout``, ``reward``,
+``algorithm``, ``actor``, ``critic``, ``ref``, ``trainer``, and ``resources`` for placement.
+Every field is declared with ``opt(default, help)``, so its help text sits next to it and
+``lmrl train --help`` reads it from here (``field.metadata["help"]``); a section's
 help is its class docstring.
 
 The choice this module makes: defaults are verl's wherever verl has one, so a verl command

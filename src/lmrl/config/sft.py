@@ -4,25 +4,14 @@
 ``model`` (the RL schema's ``ModelConfig``), ``optim`` (the RL ``OptimConfig`` plus
 ``grad_clip``) and ``trainer`` (length, run directory, checkpoints, validation, logging).
 ``load_sft_config`` loads it with the same machinery as ``lmrl train`` (YAML file, dotted
-``key=value`` overrides, did-you-mean on unknown keys, one ``ConfigError`` naming every bad
-key): a ``ConfigKind`` hands the loader this root type, the verl table below and the
-resolve/validate steps of this module.
+``key=value`` overrides, each value converted to its key's type as it is read, did-you-mean on
+unknown keys, one ``ConfigError`` naming every bad key): a ``ConfigKind`` hands the loader this
+root type, the ``SFT`` rules of the one verl table (``lmrl.config.verl``: verl's
+``sft_trainer.yaml`` keys such as ``model.partial_pretrain`` and ``optim.clip_grad``; keys of
+verl's GPU stack get a one-line notice) and the resolve/validate steps of this module.
 
-verl's SFT keys (``verl/trainer/config/sft_trainer.yaml``) carry over where they mean the same::
-
-    model.partial_pretrain            -> model.path
-    data.micro_batch_size_per_gpu     -> data.micro_batch_size
-    data.multiturn.messages_key       -> data.messages_key
-    optim.warmup_steps_ratio          -> optim.lr_warmup_steps_ratio
-    optim.warmup_style / lr_scheduler_type -> optim.lr_scheduler
-    optim.clip_grad                   -> optim.grad_clip
-    data.{train_files,val_files,prompt_key,response_key,max_length,truncation,
-      train_batch_size}, model.{lora_rank,lora_alpha,target_modules,trust_remote_code,
-      enable_gradient_checkpointing}, optim.{lr,betas,weight_decay}, trainer.*  -> the same
-
-and keys of verl's GPU stack (FSDP, sequence parallelism, Liger kernels...) are accepted with a
-one-line notice. Choices: the data layout is read from the columns (``data.response_key``
-present -> prompt/response; else ``data.messages_key`` -> chat messages), unless
+Choices: the data layout is read from the columns (``data.response_key`` present ->
+prompt/response; else ``data.messages_key`` -> chat messages), unless
 ``data.response_from_ground_truth`` asks for verl RL-format rows; ``data.micro_batch_size``
 null means the whole batch in one forward pass (fastest on CPU for small models).
 """
@@ -34,16 +23,17 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from lmrl.config.errors import ConfigError
-from lmrl.config.fields import Mismatch, coerce, get_path, schema, set_path
+from lmrl.config.fields import get_path
 from lmrl.config.help import key_lines
 from lmrl.config.loader import ConfigKind, load_config
 from lmrl.config.schema import LoggerName, ModelConfig, OptimConfig, opt
 from lmrl.config.validate import resolve_run_paths
-from lmrl.config.verl import Rule, Translation
+from lmrl.config.verl import SFT, renames, translate, verl_spellings
 
 # ------------------------------------------------------------------------------------------
 # schema
@@ -143,104 +133,19 @@ class SFTConfig:
 
 
 # ------------------------------------------------------------------------------------------
-# verl's SFT keys
-# ------------------------------------------------------------------------------------------
-
-_FSDP = "verl's FSDP setting; lmrl sft trains one whole model in one process"
-_KERNEL = "a verl kernel option"
-_ONE = "lmrl sft runs in one process on one device"
-
-SFT_VERL_RULES: tuple[Rule, ...] = (
-    Rule("model.partial_pretrain", "model.path"),
-    Rule("data.micro_batch_size_per_gpu", "data.micro_batch_size"),
-    Rule("data.multiturn.messages_key", "data.messages_key"),
-    Rule("data.multiturn.enable", None, "the layout is read from the columns"),
-    Rule("data.multiturn.*", None, "tools and thinking switches are not available in lmrl sft"),
-    Rule("optim.warmup_steps_ratio", "optim.lr_warmup_steps_ratio"),
-    Rule("optim.warmup_style", "optim.lr_scheduler"),
-    Rule("optim.lr_scheduler_type", "optim.lr_scheduler"),
-    Rule("optim.clip_grad", "optim.grad_clip"),
-    Rule("data.prompt_dict_keys", None, "not available in lmrl sft", only=(None,)),
-    Rule("data.response_dict_keys", None, "not available in lmrl sft", only=(None,)),
-    Rule("data.chat_template", None, "the tokenizer's own template is used", only=(None,)),
-    Rule("data.custom_cls.*", None, "custom datasets are not available", only=(None,)),
-    Rule("data.balance_dp_token", None, _ONE),
-    Rule("data.use_shm", None, "verl's shared-memory data loading"),
-    Rule("model.strategy", None, _FSDP),
-    Rule("model.fsdp_config.*", None, _FSDP),
-    Rule("model.use_liger", None, _KERNEL),
-    Rule("model.use_shm", None, "verl's shared-memory model loading"),
-    Rule("model.external_lib", None, "not available in lmrl sft", only=(None,)),
-    Rule("ulysses_sequence_parallel_size", None, _ONE, only=(1,)),
-    Rule("use_remove_padding", None, _KERNEL),
-    Rule("trainer.nnodes", None, _ONE),
-    Rule("trainer.n_gpus_per_node", None, _ONE),
-    Rule("trainer.default_hdfs_dir", None, "HDFS upload is not available", only=(None,)),
-    Rule("trainer.checkpoint.*", None, "lmrl sft saves the model and tokenizer"),
-    Rule("trainer.max_ckpt_to_keep", None, "every global_step_N is kept"),
-    Rule("trainer.resume_mode", None, "lmrl sft starts from model.path", only=("auto", "disable")),
-    Rule("trainer.resume_from_path", None, "lmrl sft does not resume", only=(None,)),
-    Rule("defaults", None, "Hydra's defaults list; lmrl's defaults are its dataclasses"),
-    Rule("hydra.*", None, "Hydra's own settings"),
-)
-_EXACT = {r.verl: r for r in SFT_VERL_RULES if not r.verl.endswith(".*")}
-_PREFIX = [r for r in SFT_VERL_RULES if r.verl.endswith(".*")]
-
-
-def translate_sft(key: str, value: Any) -> Translation:
-    """Map one incoming SFT key (verl's spelling or ours) and its value onto ``SFTConfig``.
-
-    Args:
-        key: dotted key as given (``model.partial_pretrain``).
-        value: its parsed value.
-    Returns:
-        A ``Translation``: a new path, a notice (accepted, changes nothing), an error (asks
-        for something lmrl sft cannot do), or the key unchanged when no rule knows it.
-    """
-    rule = _EXACT.get(key) or next((r for r in _PREFIX if key.startswith(r.verl[:-1])), None)
-    if rule is None:
-        return Translation(key, key, value)
-    if rule.ours is not None:
-        return Translation(key, rule.ours, value)
-    if rule.only and not any(value == v and type(value) is type(v) for v in rule.only):
-        allowed = " or ".join(repr(v) for v in rule.only)
-        return Translation(
-            key, None, error=f"{key}={value!r}: {rule.note}; remove it or set it to {allowed}"
-        )
-    return Translation(key, None, notice=f"{key}={value!r} changes nothing in lmrl: {rule.note}")
-
-
-def sft_verl_spellings(path: str) -> list[str]:
-    """The verl spellings of one of our SFT paths (for did-you-mean suggestions)."""
-    return [r.verl for r in SFT_VERL_RULES if r.ours == path]
-
-
-# ------------------------------------------------------------------------------------------
 # resolve, validate, load
 # ------------------------------------------------------------------------------------------
 
 
 def resolve_sft_config(cfg: SFTConfig) -> SFTConfig:
-    """A copy of ``cfg`` with every value converted to its type and derived defaults filled.
+    """A copy of ``cfg`` with its derived defaults filled (the loader converted the types).
 
     Filled when null: ``data.seed`` (``trainer.seed``) and ``trainer.default_local_dir``
     (``checkpoints/<project_name>/<experiment_name>``). A leading ``~`` in paths is expanded.
-    Idempotent.
-
-    Raises:
-        ConfigError: a value does not have its key's type.
+    Idempotent. An ``SFTConfig`` edited in code goes through the loader's type conversion
+    with ``config_from_dict(asdict(cfg), kind=SFT_CONFIG)``.
     """
     cfg = copy.deepcopy(cfg)
-    errors = []
-    for path, spec in schema(SFTConfig).items():
-        if spec.section:
-            continue
-        try:
-            set_path(cfg, path, coerce(get_path(cfg, path), spec.type))
-        except Mismatch as err:
-            errors.append(f"{path}: expected {err.expected}, got {get_path(cfg, path)!r}")
-    if errors:
-        raise ConfigError(errors)
     resolve_run_paths(cfg)
     return cfg
 
@@ -249,12 +154,11 @@ def validate_sft_config(cfg: SFTConfig, *, notices: list[str] | None = None) -> 
     """Check the ranges a single key's type cannot catch.
 
     Args:
-        cfg: the config (resolved first, on a copy).
+        cfg: the config, its values of their keys' types (as the loader builds it).
         notices: accepted for the loader's interface; no SFT check only warns.
     Raises:
         ConfigError: every problem found, each naming the key and the fix.
     """
-    cfg = resolve_sft_config(cfg)
     checks = (
         ("data.max_length", lambda x: x >= 2, "must be >= 2 (a prompt token and a response token)"),
         ("data.train_batch_size", lambda x: x >= 1, "must be >= 1"),
@@ -291,8 +195,8 @@ def validate_sft_config(cfg: SFTConfig, *, notices: list[str] | None = None) -> 
 
 SFT_CONFIG = ConfigKind(
     SFTConfig,
-    translate_sft,
-    sft_verl_spellings,
+    partial(translate, target=SFT),
+    partial(verl_spellings, target=SFT),
     resolve_sft_config,
     validate_sft_config,
     "lmrl sft",
@@ -328,10 +232,10 @@ def load_sft_config(
 def format_sft_help(width: int = 100) -> str:
     """The text of ``lmrl sft --help``: every section and key, its default and its doc."""
     lines = key_lines(SFTConfig, "lmrl sft", "optim.lr=1e-4", width)
-    renamed = [r for r in SFT_VERL_RULES if r.ours is not None]
-    pad = max(len(r.verl) for r in renamed)
+    renamed = renames(SFT)
+    pad = max(len(verl) for verl, _ in renamed)
     lines += ["", "verl SFT keys are accepted and translated:"]
-    lines += [f"  {r.verl.ljust(pad)} -> {r.ours}" for r in renamed]
+    lines += [f"  {verl.ljust(pad)} -> {ours}" for verl, ours in renamed]
     lines += ["  keys of verl's GPU stack (FSDP, Liger, sequence parallel...) get a notice."]
     return "\n".join(lines) + "\n"
 
@@ -339,7 +243,6 @@ def format_sft_help(width: int = 100) -> str:
 __all__ = [
     "REQUIRED_FOR_SFT",
     "SFT_CONFIG",
-    "SFT_VERL_RULES",
     "SFTConfig",
     "SFTDataConfig",
     "SFTOptimConfig",
@@ -347,7 +250,5 @@ __all__ = [
     "format_sft_help",
     "load_sft_config",
     "resolve_sft_config",
-    "sft_verl_spellings",
-    "translate_sft",
     "validate_sft_config",
 ]

@@ -22,6 +22,14 @@ Choices made here:
   ``type=adaptive`` with either set to null or <= 0 is an error.
 - A critic enabled for a critic-free estimator is allowed (a notice: it is trained but its
   values are unused), as in verl.
+- Errors name only keys the user set: a key ``resolve_config`` fills from another one
+  (``critic.ppo_epochs`` from ``actor.ppo_epochs``, ``data.gen_batch_size`` from
+  ``data.train_batch_size``) is checked through its source and never named itself.
+- What cannot run here is refused now, not after a model loads: ``trainer.backend=ray`` (the
+  Ray backend is not part of this version yet) and ``rollout.name=vllm`` without vLLM installed.
+- Keys that change nothing given the others (``actor.kl_loss_coef`` while
+  ``actor.use_kl_loss=false``) are listed by ``inert_keys``; the loader gives a one-line
+  notice for each one the user set, in the words of the verl notices.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from __future__ import annotations
 import copy
 import difflib
 import importlib
+import importlib.util
 import logging
 import os
 from collections.abc import Callable
@@ -47,11 +56,10 @@ def estimator_needs(name: str) -> frozenset[str] | None:
     """The inputs an advantage estimator declares it needs (``values``, ``index``...).
 
     Read from the ``lmrl.algos.advantages`` registry, so the config never lists estimators by
-    name. None when the name is unknown (reported by ``validate_config``) or the registry is
-    not importable.
+    name. None when the name is unknown (reported by ``validate_config``).
     """
     registry = _registry("lmrl.algos.advantages", "advantage_estimators")
-    if registry is None or name not in registry:
+    if name not in registry:
         return None
     return registry.needs(name)
 
@@ -143,14 +151,21 @@ def validate_config(cfg: Config, *, notices: list[str] | None = None) -> None:
     """Check a config for everything a single key's type cannot catch.
 
     Args:
-        cfg: the config (resolved first, on a copy, if it is not).
+        cfg: the config as written (the loader passes it before ``resolve_config``): a key
+            that is null here and that resolving fills from another key is checked through
+            that key and never named. A resolved config is checked too, naming every key.
         notices: if given, warnings (allowed but probably unintended settings) are appended
             to it; otherwise they are logged to ``lmrl.config``.
     Raises:
         ConfigError: every problem found, each naming the key and the fix.
     """
-    cfg = resolve_config(cfg)
-    v = _Checks(cfg)
+    resolved = resolve_config(cfg)
+    derived = frozenset(
+        path
+        for path, spec in schema().items()
+        if not spec.section and _get(cfg, path) is None and _get(resolved, path) is not None
+    )
+    v = _Checks(resolved, derived)
     v.registries()
     v.ranges()
     v.batch_sizes()
@@ -164,11 +179,47 @@ def validate_config(cfg: Config, *, notices: list[str] | None = None) -> None:
         raise ConfigError(v.errors)
 
 
-class _Checks:
-    """Collects errors and warnings about one resolved config."""
+def inert_keys(cfg: Config) -> dict[str, str]:
+    """The keys that change nothing given the others' values, each with the reason.
 
-    def __init__(self, cfg: Config):
+    The loader gives a notice for each one the user set (``actor.kl_loss_coef=0.01`` while
+    ``actor.use_kl_loss=false`` is verl's classic slip: the KL loss stays off).
+
+    Args:
+        cfg: a config (resolved or not).
+    Returns:
+        ``{dotted key: why it changes nothing}``.
+    """
+    out = {}
+    if not cfg.actor.use_kl_loss:
+        why = "actor.use_kl_loss=false, so there is no KL loss; set actor.use_kl_loss=true"
+        out.update(dict.fromkeys(["actor.kl_loss_coef", "actor.kl_loss_type"], why))
+    if not cfg.algorithm.use_kl_in_reward:
+        why = (
+            "algorithm.use_kl_in_reward=false, so the reward has no KL penalty; set "
+            "algorithm.use_kl_in_reward=true"
+        )
+        keys = [
+            "kl_penalty",
+            "kl_ctrl.type",
+            "kl_ctrl.kl_coef",
+            "kl_ctrl.target_kl",
+            "kl_ctrl.horizon",
+        ]
+        out.update(dict.fromkeys([f"algorithm.{k}" for k in keys], why))
+    return out
+
+
+class _Checks:
+    """Collects errors and warnings about one resolved config.
+
+    ``derived``: keys that resolving filled from another key; a range check of one of them
+    is left to its source (the message names what the user wrote).
+    """
+
+    def __init__(self, cfg: Config, derived: frozenset[str] = frozenset()):
         self.cfg = cfg
+        self.derived = derived
         self.errors: list[str] = []
         self.warnings: list[str] = []
 
@@ -176,26 +227,30 @@ class _Checks:
     def registries(self) -> None:
         c = self.cfg
         adv = _registry("lmrl.algos.advantages", "advantage_estimators")
-        if adv is not None:
-            self._name("algorithm.adv_estimator", c.algorithm.adv_estimator, adv)
+        self._name("algorithm.adv_estimator", c.algorithm.adv_estimator, adv)
         losses = _registry("lmrl.algos.losses", "policy_losses")
-        if losses is not None:
-            self._name("actor.policy_loss.loss_mode", c.actor.policy_loss.loss_mode, losses)
+        self._name("actor.policy_loss.loss_mode", c.actor.policy_loss.loss_mode, losses)
         kl = _registry("lmrl.algos.kl", "kl_estimators")
-        if kl is not None:
-            self._name("algorithm.kl_penalty", c.algorithm.kl_penalty, kl)
-            self._name("actor.kl_loss_type", c.actor.kl_loss_type, kl)
+        self._name("algorithm.kl_penalty", c.algorithm.kl_penalty, kl)
+        self._name("actor.kl_loss_type", c.actor.kl_loss_type, kl)
+        if (
+            c.algorithm.use_kl_in_reward
+            and c.algorithm.kl_penalty in kl
+            and kl.canonical(c.algorithm.kl_penalty) == "full"
+        ):
+            self.errors.append(
+                "algorithm.kl_penalty=full: the KL over the whole vocabulary is a loss term only "
+                "(actor.use_kl_loss=true, actor.kl_loss_type=full); in the reward use kl, abs, "
+                "mse or low_var_kl"
+            )
         modes = _registry("lmrl.algos.agg", "LOSS_AGG_MODES")
-        if modes is not None:
-            for key in ("actor.loss_agg_mode", "critic.loss_agg_mode"):
-                value = _get(c, key)
-                if key.startswith("critic") and value == c.actor.loss_agg_mode:
-                    continue  # the actor's value, already reported
-                if value not in modes:
-                    self.errors.append(
-                        f"{key}={value!r} is not a loss aggregation mode{_did_you_mean(value, modes)}"
-                        f"; valid modes: {', '.join(modes)}"
-                    )
+        for key in ("actor.loss_agg_mode", "critic.loss_agg_mode"):
+            value = _get(c, key)
+            if key not in self.derived and value not in modes:
+                self.errors.append(
+                    f"{key}={value!r} is not a loss aggregation mode{_did_you_mean(value, modes)}"
+                    f"; valid modes: {', '.join(modes)}"
+                )
 
     def _name(self, key: str, value: str, registry: Any) -> None:
         if value in registry:
@@ -300,6 +355,8 @@ class _Checks:
         )
 
     def _check(self, key: str, ok: Callable[[Any], bool], message: str) -> None:
+        if key in self.derived:
+            return  # the same check of its source names the key the user wrote
         value = _get(self.cfg, key)
         if not ok(value):  # comparisons with NaN are False, so NaN fails every range
             self.errors.append(f"{key}={value!r} {message}")
@@ -428,6 +485,17 @@ class _Checks:
             self.errors.append(
                 "rollout.name=vllm needs a GPU, but trainer.device=cpu; use rollout.name=hf"
             )
+        if c.rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
+            self.errors.append(
+                "rollout.name=vllm: the vllm engine needs the [vllm] extra (pip install "
+                "'lmrl[vllm]' on a machine with a GPU), and vllm is not installed here; use "
+                "rollout.name=hf"
+            )
+        if c.trainer.backend == "ray":
+            self.errors.append(
+                "trainer.backend=ray: the Ray backend is not part of this version of lmrl yet; "
+                "use trainer.backend=local (one process, one device)"
+            )
         placed = c.resources.nnodes * c.resources.n_gpus_per_node
         if c.trainer.backend == "local" and placed > 1:
             self.warnings.append(
@@ -437,15 +505,8 @@ class _Checks:
 
 
 def _registry(module: str, name: str) -> Any:
-    """``module.name``, or None when the module does not exist yet (the check is skipped)."""
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as err:
-        if err.name == module:
-            logger.debug("%s is not available; skipping the check of its names", module)
-            return None
-        raise
-    return getattr(mod, name)
+    """``module.name``, imported when first needed (``import lmrl.config`` imports no torch)."""
+    return getattr(importlib.import_module(module), name)
 
 
 def _did_you_mean(value: str, names: list[str] | tuple[str, ...]) -> str:

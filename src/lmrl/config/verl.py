@@ -6,6 +6,12 @@ renames the few keys whose names differ (``*_per_gpu`` micro-batch sizes, ``warm
 and accepts keys that only make sense on verl's GPU stack (FSDP, vLLM, dynamic batching...)
 with a one-line notice instead of dropping them silently.
 
+The table serves both of lmrl's config schemas: each rule names the targets it applies to,
+``TRAIN`` (``lmrl train``'s ``Config``, verl's ``ppo_trainer.yaml``) or ``SFT`` (``lmrl sft``'s
+``SFTConfig``, verl's ``sft_trainer.yaml``: ``model.partial_pretrain -> model.path``,
+``optim.clip_grad -> optim.grad_clip``...), or both; ``translate(key, value, target)`` matches
+a key against that target's rules only.
+
 The choice this module makes: rules are applied repeatedly until none matches, so a verl
 section prefix and one of our renames compose (``actor_rollout_ref.actor.X_per_gpu`` ->
 ``actor.X_per_gpu`` -> ``actor.X``), and the renames also accept the verl spelling written in
@@ -15,8 +21,14 @@ true, ``multi_turn.enable`` true) is an error rather than a notice.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
+
+#: the target schemas of the table: ``lmrl train``'s ``Config`` and ``lmrl sft``'s ``SFTConfig``
+TRAIN = "train"
+SFT = "sft"
+TARGETS = (TRAIN, SFT)
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,7 @@ class Rule:
         when_true: for a verl on/off switch: ``(our_path, our_value)`` set when it is true;
             false changes nothing (a notice).
         skip: values that change nothing (a notice) instead of being mapped.
+        targets: the schemas the rule applies to (``TRAIN``, ``SFT``).
     """
 
     verl: str
@@ -42,6 +55,7 @@ class Rule:
     only: tuple[Any, ...] = ()
     when_true: tuple[str, Any] | None = None
     skip: tuple[Any, ...] = ()
+    targets: tuple[str, ...] = (TRAIN,)
 
 
 _FSDP = "verl's FSDP sharding/offload setting; lmrl's workers hold whole models"
@@ -54,6 +68,10 @@ _CKPT = "lmrl checkpoints always hold model, optimizer and trainer state"
 _STRATEGY = "verl's training backend (fsdp/megatron); lmrl uses plain PyTorch"
 _LEN = "lmrl takes the lengths from data.max_prompt_length / data.max_response_length"
 _UNSUPPORTED = "not available in lmrl"
+_SFT_FSDP = "verl's FSDP setting; lmrl sft trains one whole model in one process"
+_SFT_ONE = "lmrl sft runs in one process on one device"
+_SFT_NO = "not available in lmrl sft"
+_ONLY_SFT = (SFT,)
 
 VERL_RULES: tuple[Rule, ...] = (
     # ---- section prefixes: verl's nesting onto ours
@@ -121,10 +139,10 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("model.use_remove_padding", None, _KERNEL),
     Rule("model.use_fused_kernels", None, _KERNEL),
     Rule("model.fused_kernel_options.*", None, _KERNEL),
-    Rule("model.use_liger", None, _KERNEL),
-    Rule("model.use_shm", None, "verl's shared-memory model loading"),
+    Rule("model.use_liger", None, _KERNEL, targets=TARGETS),
+    Rule("model.use_shm", None, "verl's shared-memory model loading", targets=TARGETS),
     Rule("model.enable_activation_offload", None, _FSDP),
-    Rule("model.external_lib", None, _UNSUPPORTED, only=(None,)),
+    Rule("model.external_lib", None, _UNSUPPORTED, only=(None,), targets=TARGETS),
     Rule("model.custom_chat_template", None, _UNSUPPORTED, only=(None,)),
     Rule("model.exclude_modules", None, _UNSUPPORTED, only=(None,)),
     # actor
@@ -244,7 +262,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("algorithm.pf_ppo.*", None, "PF-PPO is off"),
     # data
     Rule("data.tokenizer", None, "the tokenizer is the model's", only=(None,)),
-    Rule("data.use_shm", None, "verl's shared-memory data loading"),
+    Rule("data.use_shm", None, "verl's shared-memory data loading", targets=TARGETS),
     Rule("data.return_raw_input_ids", None, "a verl dataloader detail"),
     Rule("data.return_raw_chat", None, "a verl dataloader detail"),
     Rule("data.return_full_prompt", None, "a verl dataloader detail"),
@@ -255,14 +273,26 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("data.trust_remote_code", None, "model.trust_remote_code applies"),
     Rule("data.image_key", None, "multimodal data is " + _UNSUPPORTED),
     Rule("data.video_key", None, "multimodal data is " + _UNSUPPORTED),
-    Rule("data.custom_cls.*", None, "custom dataset classes are " + _UNSUPPORTED, only=(None,)),
+    Rule(
+        "data.custom_cls.*",
+        None,
+        "custom dataset classes are " + _UNSUPPORTED,
+        only=(None,),
+        targets=TARGETS,
+    ),
     Rule("data.sampler.*", None, "custom samplers are " + _UNSUPPORTED, only=(None,)),
     Rule("data.datagen.*", None, "dataset generators are " + _UNSUPPORTED, only=(None,)),
     # trainer and the rest
     Rule("trainer.balance_batch", None, "verl's sequence-length balancing across GPUs"),
     Rule("trainer.log_val_generations", None, "see trainer.log_generations_freq"),
     Rule("trainer.esi_redundant_time", None, "verl's elastic-instance setting"),
-    Rule("trainer.default_hdfs_dir", None, "HDFS upload is " + _UNSUPPORTED, only=(None,)),
+    Rule(
+        "trainer.default_hdfs_dir",
+        None,
+        "HDFS upload is " + _UNSUPPORTED,
+        only=(None,),
+        targets=TARGETS,
+    ),
     Rule("trainer.del_local_ckpt_after_load", None, "checkpoints are kept"),
     Rule("trainer.ray_wait_register_center_timeout", None, "a verl Ray setting"),
     Rule("trainer.use_legacy_worker_impl", None, "verl's worker implementation switch"),
@@ -275,9 +305,61 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("ray_kwargs.timeline_json_file", None, "a verl Ray profiling setting"),
     Rule("ray_init.*", None, "a verl Ray setting"),
     Rule("ray_kwargs.*", None, "a verl Ray setting"),
-    Rule("defaults", None, "Hydra's defaults list; lmrl's defaults are its dataclasses"),
-    Rule("hydra.*", None, "Hydra's own settings"),
-    Rule("*._target_", None, "a Hydra instantiation target"),
+    Rule(
+        "defaults",
+        None,
+        "Hydra's defaults list; lmrl's defaults are its dataclasses",
+        targets=TARGETS,
+    ),
+    Rule("hydra.*", None, "Hydra's own settings", targets=TARGETS),
+    Rule("*._target_", None, "a Hydra instantiation target", targets=TARGETS),
+    # ---- lmrl sft: verl's sft_trainer.yaml (the rules above marked TARGETS apply too)
+    Rule("model.partial_pretrain", "model.path", targets=_ONLY_SFT),
+    Rule("data.micro_batch_size_per_gpu", "data.micro_batch_size", targets=_ONLY_SFT),
+    Rule("data.multiturn.messages_key", "data.messages_key", targets=_ONLY_SFT),
+    Rule("optim.warmup_steps_ratio", "optim.lr_warmup_steps_ratio", targets=_ONLY_SFT),
+    Rule("optim.warmup_style", "optim.lr_scheduler", targets=_ONLY_SFT),
+    Rule("optim.lr_scheduler_type", "optim.lr_scheduler", targets=_ONLY_SFT),
+    Rule("optim.clip_grad", "optim.grad_clip", targets=_ONLY_SFT),
+    Rule("data.multiturn.enable", None, "the layout is read from the columns", targets=_ONLY_SFT),
+    Rule(
+        "data.multiturn.*",
+        None,
+        "tools and thinking switches are not available in lmrl sft",
+        targets=_ONLY_SFT,
+    ),
+    Rule("data.prompt_dict_keys", None, _SFT_NO, only=(None,), targets=_ONLY_SFT),
+    Rule("data.response_dict_keys", None, _SFT_NO, only=(None,), targets=_ONLY_SFT),
+    Rule(
+        "data.chat_template",
+        None,
+        "the tokenizer's own template is used",
+        only=(None,),
+        targets=_ONLY_SFT,
+    ),
+    Rule("data.balance_dp_token", None, _SFT_ONE, targets=_ONLY_SFT),
+    Rule("model.strategy", None, _SFT_FSDP, targets=_ONLY_SFT),
+    Rule("model.fsdp_config.*", None, _SFT_FSDP, targets=_ONLY_SFT),
+    Rule("ulysses_sequence_parallel_size", None, _SFT_ONE, only=(1,), targets=_ONLY_SFT),
+    Rule("use_remove_padding", None, _KERNEL, targets=_ONLY_SFT),
+    Rule("trainer.nnodes", None, _SFT_ONE, targets=_ONLY_SFT),
+    Rule("trainer.n_gpus_per_node", None, _SFT_ONE, targets=_ONLY_SFT),
+    Rule("trainer.checkpoint.*", None, "lmrl sft saves the model and tokenizer", targets=_ONLY_SFT),
+    Rule("trainer.max_ckpt_to_keep", None, "every global_step_N is kept", targets=_ONLY_SFT),
+    Rule(
+        "trainer.resume_mode",
+        None,
+        "lmrl sft starts from model.path",
+        only=("auto", "disable"),
+        targets=_ONLY_SFT,
+    ),
+    Rule(
+        "trainer.resume_from_path",
+        None,
+        "lmrl sft does not resume",
+        only=(None,),
+        targets=_ONLY_SFT,
+    ),
 )
 
 
@@ -300,22 +382,42 @@ class Translation:
     error: str | None = None
 
 
-_EXACT = {
-    r.verl: r for r in VERL_RULES if not r.verl.endswith(".*") and not r.verl.startswith("*.")
-}
-_PREFIX = sorted(
-    (r for r in VERL_RULES if r.verl.endswith(".*")), key=lambda r: len(r.verl), reverse=True
-)
-_SUFFIX = [r for r in VERL_RULES if r.verl.startswith("*.")]
+def rules_for(target: str) -> tuple[Rule, ...]:
+    """The rules of the table that apply to ``target`` (``TRAIN`` or ``SFT``), in order."""
+    if target not in TARGETS:
+        raise ValueError(f"unknown translation target {target!r}; valid: {', '.join(TARGETS)}")
+    return tuple(r for r in VERL_RULES if target in r.targets)
 
 
-def _match(path: str) -> Rule | None:
-    if path in _EXACT:
-        return _EXACT[path]
-    for rule in _PREFIX:
+@dataclass(frozen=True)
+class _Index:
+    """One target's rules, by kind of pattern."""
+
+    exact: dict[str, Rule]
+    prefix: list[Rule]  # ``X.*``, longest first
+    suffix: list[Rule]  # ``*.name``
+
+
+@functools.cache
+def _index(target: str) -> _Index:
+    rules = rules_for(target)
+    seen = {r.verl for r in rules}
+    if len(seen) < len(rules):  # one rule per key and target: the order never decides
+        twice = sorted(v for v in seen if sum(r.verl == v for r in rules) > 1)
+        raise ValueError(f"the verl table has several {target} rules for {twice}")
+    exact = {r.verl: r for r in rules if not r.verl.endswith(".*") and not r.verl.startswith("*.")}
+    prefix = sorted((r for r in rules if r.verl.endswith(".*")), key=lambda r: -len(r.verl))
+    return _Index(exact, prefix, [r for r in rules if r.verl.startswith("*.")])
+
+
+def _match(path: str, target: str) -> Rule | None:
+    index = _index(target)
+    if path in index.exact:
+        return index.exact[path]
+    for rule in index.prefix:
         if path.startswith(rule.verl[:-1]):
             return rule
-    for rule in _SUFFIX:
+    for rule in index.suffix:
         if path.endswith(rule.verl[1:]):
             return rule
     return None
@@ -334,19 +436,20 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def translate(key: str, value: Any) -> Translation:
-    """Map one incoming key (verl's layout or ours) and its value onto our schema.
+def translate(key: str, value: Any, target: str = TRAIN) -> Translation:
+    """Map one incoming key (verl's layout or ours) and its value onto a schema of ours.
 
     Args:
         key: dotted key as given (``actor_rollout_ref.actor.clip_ratio``).
         value: its parsed value.
+        target: the schema: ``TRAIN`` (``Config``, default) or ``SFT`` (``SFTConfig``).
     Returns:
         A ``Translation``; a key no rule knows is returned unchanged (the caller checks it
         against the schema).
     """
     path = key
     for _ in range(8):  # rules compose a few times at most; the bound guards against cycles
-        rule = _match(path)
+        rule = _match(path, target)
         if rule is None:
             break
         if any(_same(value, s) for s in rule.skip):
@@ -377,18 +480,26 @@ def _accept(key: str, value: Any, rule: Rule) -> Translation:
     return Translation(key, None, notice=f"{key}={value!r} changes nothing in lmrl: {rule.note}")
 
 
-def verl_spellings(path: str) -> list[str]:
-    """The verl spellings of one of our paths (for did-you-mean suggestions)."""
+def verl_spellings(path: str, target: str = TRAIN) -> list[str]:
+    """The verl spellings of one of our paths of ``target`` (for did-you-mean suggestions)."""
+    index = _index(target)
     out = []
-    for rule in _PREFIX:
+    for rule in index.prefix:
         if rule.ours is not None and path.startswith(rule.ours[:-1]):
             out.append(rule.verl[:-1] + path[len(rule.ours) - 1 :])
-    for rule in _EXACT.values():
+    for rule in index.exact.values():
         if rule.ours == path and rule.verl != path:
             out.append(rule.verl)
     return out
 
 
-def section_prefixes() -> list[tuple[str, str]]:
-    """The ``(verl prefix, our prefix)`` pairs of the table, for the help text."""
-    return [(r.verl, r.ours) for r in VERL_RULES if r.verl.endswith(".*") and r.ours is not None]
+def section_prefixes(target: str = TRAIN) -> list[tuple[str, str]]:
+    """The ``(verl prefix, our prefix)`` pairs of ``target``'s rules, for the help text."""
+    return [
+        (r.verl, r.ours) for r in rules_for(target) if r.verl.endswith(".*") and r.ours is not None
+    ]
+
+
+def renames(target: str = TRAIN) -> list[tuple[str, str]]:
+    """The ``(verl key, our key)`` pairs of ``target``'s rules that set a key, for help texts."""
+    return [(r.verl, r.ours) for r in rules_for(target) if r.ours is not None]

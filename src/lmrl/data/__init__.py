@@ -4,6 +4,8 @@
   template; overlong filtering or truncation; ``collate`` into a left-padded ``Batch``),
   ``read_records``, ``check_row``;
 - ``lmrl.data.sampler``: ``PromptSampler`` (seeded per-epoch shuffles, exact resume);
+- ``lmrl.data.sft``: ``SFTDataset`` (``lmrl sft``'s examples: token ids and a loss mask from
+  prompt/response, chat-message or verl RL-format rows), ``row_segments``, ``chat_segments``;
 - ``lmrl.data.tasks``: ``TASKS``, ``write_task`` (``digits``, ``arithmetic``, ``countdown``,
   ``knights_knaves``).
 
@@ -19,6 +21,10 @@ _EXPORTS = {
     "read_records": "lmrl.data.dataset",
     "check_row": "lmrl.data.dataset",
     "PromptSampler": "lmrl.data.sampler",
+    "SFTDataset": "lmrl.data.sft",
+    "Segment": "lmrl.data.sft",
+    "chat_segments": "lmrl.data.sft",
+    "row_segments": "lmrl.data.sft",
     "TASKS": "lmrl.data.tasks",
     "TaskSpec": "lmrl.data.tasks",
     "generate_rows": "lmrl.data.tasks",

@@ -16,10 +16,10 @@ path or a list. The columns are verl's:
 
 Choice: everything is read, checked and tokenized when the dataset is built, so bad input (a
 missing file or column, an empty prompt, a non-string message content, a malformed message,
-an overlong prompt with ``truncation="error"``) stops the run before training with a
-``ValueError`` naming the file, the row and the column. Overlong prompts are either dropped
-(``filter_overlong_prompts``, counted in ``stats`` and logged once) or truncated on the
-``left``/``right``.
+an overlong prompt with ``truncation="error"``, a byte that is not UTF-8) stops the run
+before training with a ``lmrl.errors.DataError`` naming the file, the row (or line) and the
+column. Overlong prompts are either dropped (``filter_overlong_prompts``, counted in
+``stats`` and logged once) or truncated on the ``left``/``right``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from lmrl.batch import Batch, lengths_to_mask, pad_2d
+from lmrl.errors import DataError, ModelError
 
 log = logging.getLogger("lmrl.data")
 
@@ -41,16 +42,32 @@ SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
 # ---------------------------------------------------------------------------- reading
+def _decode(path: Path, data: bytes, line_no: int | None = None) -> str:
+    """``data`` as UTF-8 text; a ``DataError`` naming the file, line and column if it is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        if line_no is None:  # the whole file: count the lines before the bad byte
+            line_no = data.count(b"\n", 0, err.start) + 1
+            column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        else:
+            column = err.start + 1
+        raise DataError(
+            f"{path}: line {line_no}: byte 0x{data[err.start]:02x} at column {column} is not "
+            "UTF-8; save the file as UTF-8"
+        ) from None
+
+
 def _read_json(path: Path) -> list[Any]:
-    text = path.read_text(encoding="utf-8")
+    text = _decode(path, path.read_bytes())
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         if err.msg != "Extra data":  # not JSON Lines either
-            raise ValueError(f"{path}: not valid JSON ({err})") from err
+            raise DataError(f"{path}: not valid JSON ({err})") from err
         return _read_jsonl(path)
     if not isinstance(data, list):
-        raise ValueError(
+        raise DataError(
             f"{path}: a .json data file must hold a list of rows, got {type(data).__name__}"
         )
     return data
@@ -58,14 +75,15 @@ def _read_json(path: Path) -> list[Any]:
 
 def _read_jsonl(path: Path) -> list[Any]:
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for line_no, raw in enumerate(fh, start=1):
+            line = _decode(path, raw, line_no)
             if not line.strip():
                 continue
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}: line {line_no} is not valid JSON ({err})") from err
+                raise DataError(f"{path}: line {line_no} is not valid JSON ({err})") from err
     return rows
 
 
@@ -80,21 +98,29 @@ def read_records(path: str | Path) -> list[Any]:
         One object per row (a dict for well-formed data; checked later).
 
     Raises:
-        ValueError: a missing path, an unsupported format, a ``DatasetDict`` directory (the
-            message lists its splits), or unreadable content; always naming the path.
+        DataError: a missing path, an unsupported format, a ``DatasetDict`` directory (the
+            message lists its splits), or unreadable content (bad JSON, a byte that is not
+            UTF-8: the line too); always naming the path.
     """
     path = Path(path).expanduser()
+    try:
+        return _read_records(path)
+    except OSError as err:  # unreadable: permissions, a lost mount...
+        raise DataError(f"{path}: cannot read ({err.strerror or err})") from None
+
+
+def _read_records(path: Path) -> list[Any]:
     if not path.exists():
-        raise ValueError(f"data file {path} does not exist")
+        raise DataError(f"data file {path} does not exist")
     if path.is_dir():
         if (path / "dataset_dict.json").is_file():
             splits = sorted(p.name for p in path.iterdir() if p.is_dir())
-            raise ValueError(
+            raise DataError(
                 f"{path} holds a DatasetDict; point at one split's directory: "
                 + ", ".join(str(path / s) for s in splits)
             )
         if not (path / "dataset_info.json").is_file() and not (path / "state.json").is_file():
-            raise ValueError(
+            raise DataError(
                 f"{path} is a directory but not a dataset saved with datasets.save_to_disk; "
                 f"give {'/'.join(SUFFIXES)} files"
             )
@@ -103,7 +129,7 @@ def read_records(path: str | Path) -> list[Any]:
         try:
             dataset = datasets.load_from_disk(str(path))
         except Exception as err:
-            raise ValueError(f"{path}: cannot load the saved dataset ({err})") from err
+            raise DataError(f"{path}: cannot load the saved dataset ({err})") from err
         return dataset.to_list()
     suffix = path.suffix.lower()
     if suffix == ".parquet":
@@ -112,12 +138,12 @@ def read_records(path: str | Path) -> list[Any]:
         try:
             return pq.read_table(path).to_pylist()
         except Exception as err:
-            raise ValueError(f"{path}: cannot read parquet ({err})") from err
+            raise DataError(f"{path}: cannot read parquet ({err})") from err
     if suffix == ".jsonl":
         return _read_jsonl(path)
     if suffix == ".json":
         return _read_json(path)
-    raise ValueError(f"{path}: unsupported data file type {suffix!r}; use one of {list(SUFFIXES)}")
+    raise DataError(f"{path}: unsupported data file type {suffix!r}; use one of {list(SUFFIXES)}")
 
 
 # ---------------------------------------------------------------------------- checking
@@ -125,33 +151,31 @@ def check_prompt(value: Any, where: str) -> str | list[dict[str, str]]:
     """A prompt as a stripped-of-None message list or a string; raise naming ``where``."""
     if isinstance(value, str):
         if not value.strip():
-            raise ValueError(f"{where}: empty prompt")
+            raise DataError(f"{where}: empty prompt")
         return value
     if isinstance(value, Sequence) and not isinstance(value, bytes):
         if len(value) == 0:
-            raise ValueError(f"{where}: empty prompt (no messages)")
+            raise DataError(f"{where}: empty prompt (no messages)")
         messages = []
         for j, message in enumerate(value):
             if not isinstance(message, Mapping):
-                raise ValueError(
+                raise DataError(
                     f"{where}: message {j} must be a dict with 'role' and 'content', "
                     f"got {type(message).__name__}"
                 )
             for key in ("role", "content"):
                 if key not in message:
-                    raise ValueError(
-                        f"{where}: message {j} has no {key!r} (keys {sorted(message)})"
-                    )
+                    raise DataError(f"{where}: message {j} has no {key!r} (keys {sorted(message)})")
                 if not isinstance(message[key], str):
-                    raise ValueError(
+                    raise DataError(
                         f"{where}: message {j} {key!r} must be a string, got "
                         f"{type(message[key]).__name__}"
                     )
             messages.append({k: v for k, v in message.items() if v is not None})
         if not any(m["content"].strip() for m in messages):
-            raise ValueError(f"{where}: empty prompt (every message content is empty)")
+            raise DataError(f"{where}: empty prompt (every message content is empty)")
         return messages
-    raise ValueError(
+    raise DataError(
         f"{where}: a prompt must be a list of chat messages or a string, got {type(value).__name__}"
     )
 
@@ -175,10 +199,10 @@ def check_row(
         ``{"raw_prompt", "data_source", "ground_truth", "extra_info", "ability", "index"}``.
 
     Raises:
-        ValueError: ``"<file>: row <i>: column '<name>': <what is wrong>"``.
+        DataError: ``"<file>: row <i>: column '<name>': <what is wrong>"``.
     """
     if not isinstance(row, Mapping):
-        raise ValueError(
+        raise DataError(
             f"{file}: row {row_index}: must be an object with columns, got {type(row).__name__}"
         )
 
@@ -187,16 +211,16 @@ def check_row(
 
     for column in (prompt_key, reward_fn_key):
         if column not in row:
-            raise ValueError(f"{where(column)}: missing (columns there: {sorted(row)})")
+            raise DataError(f"{where(column)}: missing (columns there: {sorted(row)})")
     prompt = check_prompt(row[prompt_key], where(prompt_key))
     data_source = row[reward_fn_key]
     if not isinstance(data_source, str) or not data_source:
-        raise ValueError(f"{where(reward_fn_key)}: must be a non-empty string, got {data_source!r}")
+        raise DataError(f"{where(reward_fn_key)}: must be a non-empty string, got {data_source!r}")
     ground_truth = None
     if "reward_model" in row:
         reward_model = row["reward_model"]
         if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
-            raise ValueError(
+            raise DataError(
                 f"{where('reward_model.ground_truth')}: reward_model must be a dict with a "
                 f"'ground_truth', got {reward_model!r:.100}"
             )
@@ -205,7 +229,7 @@ def check_row(
     if extra_info is None:
         extra_info = {}
     if not isinstance(extra_info, Mapping):
-        raise ValueError(f"{where('extra_info')}: must be a dict, got {type(extra_info).__name__}")
+        raise DataError(f"{where('extra_info')}: must be a dict, got {type(extra_info).__name__}")
     extra_info = dict(extra_info)
     index = extra_info.get("index")
     return {
@@ -240,7 +264,9 @@ class RLDataset:
         stats: ``{"rows_read", "filtered", "truncated", "rows"}``.
 
     Raises:
-        ValueError: bad arguments, or bad input naming the file, the row and the column.
+        DataError: bad input, naming the file, the row and the column.
+        ModelError: a tokenizer with neither a pad nor an eos token.
+        ValueError: bad arguments (``truncation``, ``max_prompt_length``).
     """
 
     def __init__(
@@ -262,7 +288,7 @@ class RLDataset:
         if isinstance(paths, str | Path):
             paths = [paths]
         if not paths:
-            raise ValueError("no data files given")
+            raise DataError("no data files given")
         self.tokenizer = tokenizer
         self.prompt_key = prompt_key
         self.reward_fn_key = reward_fn_key
@@ -271,7 +297,7 @@ class RLDataset:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
         if pad is None:
-            raise ValueError("the tokenizer has neither a pad token nor an eos token to pad with")
+            raise ModelError("the tokenizer has neither a pad token nor an eos token to pad with")
         self.pad_token_id = int(pad)
 
         rows: list[dict[str, Any]] = []
@@ -280,9 +306,10 @@ class RLDataset:
             for i, raw in enumerate(read_records(path)):
                 rows.append(check_row(raw, str(path), i, prompt_key, reward_fn_key))
                 where.append(f"{path}: row {i}: column {prompt_key!r}")
+                rows[-1]["origin"] = (str(path), i)
         rows_read = len(rows)
         if not rows:
-            raise ValueError(f"no rows in {[str(p) for p in paths]}")
+            raise DataError(f"no rows in {[str(p) for p in paths]}")
 
         ids = self._tokenize(
             [r["raw_prompt"] for r in rows], where, dict(chat_template_kwargs or {})
@@ -294,7 +321,7 @@ class RLDataset:
                     filtered += 1
                     continue
                 if truncation == "error":
-                    raise ValueError(
+                    raise DataError(
                         f"{at}: prompt has {len(tokens)} tokens, more than max_prompt_length="
                         f"{max_prompt_length}; set filter_overlong_prompts or truncation=left/right"
                     )
@@ -318,7 +345,7 @@ class RLDataset:
                 "truncated %d prompts to %d tokens (%s)", truncated, max_prompt_length, truncation
             )
         if not kept:
-            raise ValueError(f"every prompt is longer than max_prompt_length={max_prompt_length}")
+            raise DataError(f"every prompt is longer than max_prompt_length={max_prompt_length}")
         self.rows = kept
         self.stats = {
             "rows_read": rows_read,
@@ -332,7 +359,7 @@ class RLDataset:
     ) -> list[list[int]]:
         chat = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
         if chat and not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError(
+            raise DataError(
                 f"{where[chat[0]]}: the prompt is a list of chat messages but the tokenizer has "
                 "no chat template; give plain-string prompts or a tokenizer with a template"
             )
@@ -348,7 +375,7 @@ class RLDataset:
                     )
                 )
             except Exception as err:
-                raise ValueError(f"{where[i]}: the chat template failed ({err})") from err
+                raise DataError(f"{where[i]}: the chat template failed ({err})") from err
         ids: list[list[int]] = [[] for _ in prompts]
         plain = [i for i, p in enumerate(prompts) if isinstance(p, str)]
         for group, special in ((chat, False), (plain, True)):
@@ -363,8 +390,12 @@ class RLDataset:
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         """Row ``i``: ``input_ids`` (list of ints), ``raw_prompt``, ``data_source``,
-        ``ground_truth``, ``extra_info``, ``ability``, ``index``."""
+        ``ground_truth``, ``extra_info``, ``ability``, ``index``, ``origin``."""
         return self.rows[i]
+
+    def origin(self, i: int) -> tuple[str, int]:
+        """The file row ``i`` was read from and its row there (0-based), for messages."""
+        return self.rows[i]["origin"]
 
     def collate(self, rows: Sequence[Mapping[str, Any]]) -> Batch:
         """Stack rows into a `Batch` of left-padded prompts.

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from lmrl.errors import DataError
+
 
 class PromptSampler:
     """Batches of prompt indices, epoch after epoch, resumable to the exact prompt.
@@ -43,8 +45,8 @@ class PromptSampler:
                 f"num_items and batch_size must be >= 1, got {num_items}, {batch_size}"
             )
         if drop_last and num_items < batch_size:
-            raise ValueError(
-                f"batch_size {batch_size} is larger than the dataset ({num_items} prompts) "
+            raise DataError(
+                f"batch_size {batch_size} (data.train_batch_size) is larger than the dataset ({num_items} prompts) "
                 "with drop_last=True"
             )
         self.num_items = num_items

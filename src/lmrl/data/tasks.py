@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from lmrl.data import countdown, knights_knaves
+from lmrl.errors import DataError
 
 Example = tuple[str, Any, dict[str, Any]]  # (prompt content, ground truth, extra_info fields)
 
@@ -72,9 +73,9 @@ def generate_digits(
         min_len, max_len: the number of digits is uniform in this range.
     """
     if op not in DIGIT_OPS:
-        raise ValueError(f"digits: op must be one of {list(DIGIT_OPS)}, got {op!r}")
+        raise DataError(f"digits: op must be one of {list(DIGIT_OPS)}, got {op!r}")
     if not 1 <= min_len <= max_len:
-        raise ValueError(f"digits: need 1 <= min_len <= max_len, got {min_len}, {max_len}")
+        raise DataError(f"digits: need 1 <= min_len <= max_len, got {min_len}, {max_len}")
     digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(min_len, max_len)))
     answer = digits[::-1] if op == "reverse" else "".join(sorted(digits))
     return f"{op} {digits}", answer, {"op": op}
@@ -205,10 +206,10 @@ def get_task(name: str) -> TaskSpec:
     """The task called ``name``.
 
     Raises:
-        ValueError: an unknown name (the message lists the tasks).
+        DataError: an unknown name (the message lists the tasks).
     """
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; tasks: {', '.join(sorted(TASKS))}")
+        raise DataError(f"unknown task {name!r}; tasks: {', '.join(sorted(TASKS))}")
     return TASKS[name]
 
 
@@ -236,14 +237,14 @@ def generate_rows(
         ``{"train": rows, "test": rows}``; no prompt appears twice.
 
     Raises:
-        ValueError: an unknown task, a negative size, or too few distinct prompts for the
+        DataError: an unknown task, a negative size, or too few distinct prompts for the
             sizes asked.
     """
     spec = get_task(name)
     if prompt_format is not None and (
         not isinstance(prompt_format, str) or prompt_format.count("{}") != 1
     ):
-        raise ValueError(
+        raise DataError(
             f"prompt_format must be None or a string with exactly one '{{}}', got {prompt_format!r}"
         )
     sizes = {
@@ -252,7 +253,7 @@ def generate_rows(
     }
     for split, size in sizes.items():
         if not isinstance(size, int) or size < 0:
-            raise ValueError(f"num_{split} must be an int >= 0, got {size!r}")
+            raise DataError(f"num_{split} must be an int >= 0, got {size!r}")
     rng = random.Random(seed)
     seen: set[str] = set()
     out: dict[str, list[dict[str, Any]]] = {}
@@ -264,7 +265,7 @@ def generate_rows(
             if content in seen:
                 misses += 1
                 if misses > 100 * sizes[split] + 1000:
-                    raise ValueError(
+                    raise DataError(
                         f"task {name!r}: only {len(seen)} distinct prompts found, fewer than "
                         f"num_train + num_test = {sizes['train'] + sizes['test']}"
                     )
@@ -311,17 +312,23 @@ def write_task(
         ``{"train": path, "test": path}``.
 
     Raises:
-        ValueError: see `generate_rows`.
+        DataError: see `generate_rows`; or ``out_dir`` is a file or cannot be written (checked
+            before anything is generated; a file there is left as it was).
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    splits = generate_rows(name, num_train, num_test, seed, prompt_format, **options)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out} is a file, not a directory; give a directory to write the task to")
+    splits = generate_rows(name, num_train, num_test, seed, prompt_format, **options)
     paths = {}
-    for split, rows in splits.items():
-        path = out / f"{split}.parquet"
-        pq.write_table(pa.Table.from_pylist(rows), path)
-        paths[split] = path
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for split, rows in splits.items():
+            path = out / f"{split}.parquet"
+            pq.write_table(pa.Table.from_pylist(rows), path)
+            paths[split] = path
+    except OSError as err:  # a parent that is a file, no permission, a full disk
+        raise DataError(f"cannot write the {name} task to {out}: {err}") from None
     return paths

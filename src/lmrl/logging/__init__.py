@@ -1,16 +1,17 @@
 """Where a run's numbers go: trackers (console, JSONL, TensorBoard, W&B, MLflow) and plots.
 
-``make_trackers(cfg.trainer.logger, run_dir, ...)`` builds them all before training;
-``lmrl.logging.plot.plot_run`` draws a run's ``metrics.jsonl`` (imported on its own, so the
-trainer never loads matplotlib). This package imports nothing else of lmrl.
+``make_trackers(cfg.trainer.logger, run_dir, ...)`` (:mod:`lmrl.logging.factory`) builds
+them all before training; ``lmrl.logging.plot.plot_run`` draws a run's ``metrics.jsonl``
+(imported on its own, so the trainer never loads matplotlib). Of lmrl, this package imports
+only the error types of ``lmrl.errors``.
 
 Inside lmrl, ``import logging`` is still the standard library: imports are absolute.
 """
 
 from lmrl.logging.console import ConsoleTracker, summarize
+from lmrl.logging.factory import TRACKERS, make_trackers
 from lmrl.logging.trackers import (
     INSTALL_HINT,
-    TRACKERS,
     JsonlTracker,
     MlflowTracker,
     MultiTracker,
@@ -18,7 +19,6 @@ from lmrl.logging.trackers import (
     Tracker,
     TrackerUnavailableError,
     WandbTracker,
-    make_trackers,
 )
 
 __all__ = [

@@ -6,10 +6,12 @@ there is no bar: each step is one plain line that carries the ETA itself, so log
 greppable. The ETA is the run's own wall clock per step since the tracker started (so it
 counts validation and checkpoint time), not rich's short-window speed estimate.
 
-A line shows only what is present, in this order: score (``critic/score/mean``), acc
-(``reward/acc/mean``), len (``response_length/mean``), kl (``actor/kl_loss``, else
-``actor/reward_kl_penalty``), ppo_kl, entropy, clipfrac (``actor/pg_clipfrac``), step time,
-then the validation metrics grouped by data source.
+A line shows only what is present, in this order: score (``critic/score/mean``), the reward
+failures when there are any (``reward errors 16/16, timeouts 0``: ``reward/errors`` out of
+``reward/scored``, ``reward/timeouts``), acc (``reward/acc/mean``), len
+(``response_length/mean``), kl (``actor/kl_loss``, else ``actor/reward_kl_penalty``), ppo_kl,
+entropy, clipfrac (``actor/pg_clipfrac``), step time, then the validation metrics grouped by
+data source.
 """
 
 from __future__ import annotations
@@ -50,6 +52,17 @@ def format_duration(seconds: float) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
+def reward_failures(metrics: Mapping[str, float]) -> str:
+    """``reward errors 16/16, timeouts 0`` when the step's reward failed anywhere, else ``""``."""
+    errors = metrics.get("reward/errors", 0.0)
+    timeouts = metrics.get("reward/timeouts", 0.0)
+    if not errors and not timeouts:
+        return ""
+    scored = metrics.get("reward/scored")
+    out_of = f"/{scored:g}" if scored else ""
+    return f"reward errors {errors:g}{out_of}, timeouts {timeouts:g}"
+
+
 def summarize(metrics: Mapping[str, float]) -> str:
     """The compact one-line summary of a step's metrics (what is present, fixed order).
 
@@ -58,13 +71,16 @@ def summarize(metrics: Mapping[str, float]) -> str:
 
     Returns:
         For example ``score 0.406  acc 0.5  len 7.25  entropy 2.31  1.31s/step  val/digits
-        acc 0.2 pass@4 0.4``.
+        acc 0.2 pass@4 0.4``, or ``score 0  reward errors 16/16, timeouts 0  len 7.25 ...``.
     """
     parts = []
     for label, keys in SUMMARY_KEYS:
         key = next((k for k in keys if k in metrics), None)
         if key is not None:
             parts.append(f"{label} {_fmt(metrics[key])}")
+    failures = reward_failures(metrics)
+    if failures:
+        parts.insert(1 if "critic/score/mean" in metrics else 0, failures)
     if "timing_s/step" in metrics:
         parts.append(f"{metrics['timing_s/step']:.2f}s/step")
     by_source: dict[str, list[str]] = {}
@@ -155,4 +171,4 @@ class ConsoleTracker(Tracker):
             self.progress = None
 
 
-__all__ = ["SUMMARY_KEYS", "ConsoleTracker", "format_duration", "summarize"]
+__all__ = ["SUMMARY_KEYS", "ConsoleTracker", "format_duration", "reward_failures", "summarize"]

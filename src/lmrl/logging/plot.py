@@ -24,6 +24,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from lmrl.errors import DataError, LmrlError
+
 log = logging.getLogger(__name__)
 
 Series = dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (steps, values), sorted by step
@@ -48,7 +50,10 @@ def load_metrics(path: str | Path) -> Series:
         Metric name -> ``(steps, values)``, two float arrays of shape ``(S,)`` sorted by step.
     """
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text (byte {err.start}): {err.reason}") from err
     by_key: dict[str, dict[int, float]] = {}
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -59,9 +64,9 @@ def load_metrics(path: str | Path) -> Series:
             if lineno == len(lines):
                 log.warning("%s: ignoring the truncated last line %d", path, lineno)
                 continue
-            raise ValueError(f"{path}:{lineno}: not a JSON line ({err})") from err
+            raise DataError(f"{path}:{lineno}: not a JSON line ({err})") from err
         if not isinstance(record, dict) or not isinstance(record.get("step"), (int, float)):
-            raise ValueError(f"{path}:{lineno}: expected a JSON object with a numeric 'step'")
+            raise DataError(f"{path}:{lineno}: expected a JSON object with a numeric 'step'")
         step = int(record["step"])
         for key, value in record.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -248,21 +253,24 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smooth: float =
         The path written.
 
     Raises:
-        FileNotFoundError: ``run_dir`` or its ``metrics.jsonl`` does not exist.
-        ValueError: ``metrics.jsonl`` holds no metrics, or a malformed line.
+        DataError: ``run_dir`` or its ``metrics.jsonl`` does not exist, the file holds no
+            metrics or a malformed line.
+        LmrlError: ``smooth`` is outside ``[0, 1)``.
     """
+    if not 0.0 <= smooth < 1.0:
+        raise LmrlError(f"smooth must be in [0, 1), got {smooth}")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory {run_dir} does not exist")
+        raise DataError(f"run directory {run_dir} does not exist")
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(
+        raise DataError(
             f"{path} not found: RUN_DIR must be a run directory of lmrl train "
             "(trainer.default_local_dir), which holds metrics.jsonl"
         )
     series = load_metrics(path)
     if not series:
-        raise ValueError(f"{path} holds no metrics yet")
+        raise DataError(f"{path} holds no metrics yet")
     steps = sorted({int(s) for xs, _ in series.values() for s in xs})
     title = f"{run_dir.resolve().name}: steps {steps[0]}-{steps[-1]}"
     if smooth > 0:

@@ -1,7 +1,8 @@
 """Experiment trackers: where a run's metrics and sample generations go.
 
 One small interface, :class:`Tracker` (``log``, ``log_generations``, ``close``), and one
-class per backend, chosen by ``trainer.logger``:
+class per backend; ``trainer.logger`` names the ones a run uses, and
+:func:`lmrl.logging.factory.make_trackers` builds them:
 
 - ``jsonl`` (always on): ``<run_dir>/metrics.jsonl``, one JSON object per ``log`` call with
   its ``"step"``, and ``<run_dir>/generations.jsonl``, one object per sample. Non-finite
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import logging
 import math
 import os
 import re
@@ -34,12 +34,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-log = logging.getLogger(__name__)
+from lmrl.errors import LmrlError
 
 INSTALL_HINT = "pip install 'lmrl[tracking]'"
 
 
-class TrackerUnavailableError(ImportError):
+class TrackerUnavailableError(ImportError, LmrlError):
     """An optional tracker's package is not installed (the message holds the install hint)."""
 
 
@@ -369,77 +369,8 @@ class MultiTracker(Tracker):
         self.close()
 
 
-TRACKERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
-
-
-def make_trackers(
-    names: Iterable[str],
-    run_dir: str | Path,
-    project_name: str = "lmrl",
-    experiment_name: str = "default",
-    config_dict: Mapping[str, Any] | None = None,
-    total_steps: int | None = None,
-    start_step: int = 0,
-) -> MultiTracker:
-    """Build the trackers named in ``trainer.logger``; ``jsonl`` is always the first.
-
-    Every tracker is built here, so a missing package fails before training starts; if one
-    fails, the ones already built are closed.
-
-    Args:
-        names: any of ``console``, ``jsonl``, ``tensorboard``, ``wandb``, ``mlflow``.
-        run_dir: the run directory (``trainer.default_local_dir``).
-        project_name: ``trainer.project_name`` (W&B project, MLflow experiment).
-        experiment_name: ``trainer.experiment_name`` (W&B and MLflow run name).
-        config_dict: the resolved config as a nested dict (W&B config, MLflow params,
-            TensorBoard text).
-        total_steps: steps of the whole run, for the console's progress bar and ETA.
-        start_step: the step the run resumes from (0 for a fresh run): the console's bar
-            starts there and the JSONL files drop lines of later steps.
-
-    Returns:
-        A :class:`MultiTracker` over the built trackers.
-
-    Raises:
-        ValueError: an unknown name (the message lists the valid ones).
-        TrackerUnavailableError: an optional tracker's package is missing.
-    """
-    if isinstance(names, str):
-        names = [names]
-    wanted = list(dict.fromkeys(["jsonl", *names]))
-    unknown = [n for n in wanted if n not in TRACKERS]
-    if unknown:
-        raise ValueError(
-            f"trainer.logger: unknown tracker(s) {', '.join(map(repr, unknown))}; "
-            f"valid: {', '.join(TRACKERS)}"
-        )
-    run_dir = Path(run_dir)
-    config = dict(config_dict or {})
-    built: list[Tracker] = []
-    try:
-        for name in wanted:
-            if name == "jsonl":
-                built.append(JsonlTracker(run_dir, start_step=start_step))
-            elif name == "console":
-                from lmrl.logging.console import ConsoleTracker
-
-                built.append(ConsoleTracker(total_steps=total_steps, start_step=start_step))
-            elif name == "tensorboard":
-                built.append(TensorBoardTracker(run_dir, config))
-            elif name == "wandb":
-                built.append(WandbTracker(run_dir, project_name, experiment_name, config))
-            else:  # mlflow
-                built.append(MlflowTracker(run_dir, project_name, experiment_name, config))
-    except BaseException:
-        MultiTracker(built).close()
-        raise
-    log.debug("trackers: %s", ", ".join(wanted))
-    return MultiTracker(built)
-
-
 __all__ = [
     "INSTALL_HINT",
-    "TRACKERS",
     "JsonlTracker",
     "MlflowTracker",
     "MultiTracker",
@@ -448,6 +379,5 @@ __all__ = [
     "TrackerUnavailableError",
     "WandbTracker",
     "flatten_config",
-    "make_trackers",
     "mlflow_metric_name",
 ]

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from lmrl.errors import ModelError
 from lmrl.models.forward import REQUIRED_KEYS, check_keys, eval_mode, micro_batches, trim_batch
 from lmrl.models.loading import (
     ModelPathError,
@@ -58,7 +59,7 @@ def load_critic(
         type(config) not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING
         and "AutoModelForTokenClassification" not in auto_map
     ):
-        raise ValueError(
+        raise ModelError(
             f"model at {path!r} (model_type {config.model_type!r}) has no token-classification "
             "head class in transformers, so no critic can be built from it"
         )

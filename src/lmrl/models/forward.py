@@ -20,9 +20,12 @@ position ``P - 1 + t``. Two choices keep this cheap:
   row. A step's forward and backward then cost ``P + G * T`` tokens per group instead of
   ``G * (P + T)``; the maths is the same attention over the same keys (equal to the full
   forward up to float rounding). Used on the fused-head path, without gradient checkpointing,
-  on models whose layers all attend to the full past (`can_share_prompts`).
+  on models whose layers all attend to the full past (`can_share_prompts`);
+- the exact KL to a reference (`forward_log_probs_and_kl`, the actor's ``kl_loss_type=full``)
+  takes the reference's hidden states for the same micro-batch (no grad) and fuses both heads
+  into the same token chunks, so it adds no (B, T, V) tensor either.
 
-Log-probs and entropy at padded response positions are 0.
+Log-probs, entropy and KL at padded response positions are 0.
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ import contextlib
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from peft import PeftModel
 from torch import nn
 
-from lmrl.algos.logprob import log_probs_from_hidden, log_probs_from_logits
+from lmrl.algos.kl import full_kl_from_hidden
+from lmrl.algos.logprob import full_kl_from_logits, log_probs_from_hidden, log_probs_from_logits
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
 # Config fields of models whose logits are not just ``lm_head(hidden)``.
@@ -47,6 +52,13 @@ LOGIT_TRANSFORMS = (
     "logits_scaling",
     "lm_head_multiplier",
 )
+
+
+class ReferencePolicy(Protocol):
+    """What `forward_log_probs_and_kl` needs of a reference (``lmrl.models.Reference`` is one):
+    a context in which its model computes the reference policy."""
+
+    def context(self) -> contextlib.AbstractContextManager[nn.Module]: ...
 
 
 @dataclass
@@ -246,6 +258,63 @@ def shared_prompt_hidden(
     return torch.cat([last, responses.last_hidden_state], dim=1)
 
 
+def response_outputs(
+    model: nn.Module, trimmed: Trimmed, share_prompts: bool = True
+) -> tuple[torch.Tensor, nn.Linear | None]:
+    """What scores the response tokens of a trimmed micro-batch, before any softmax.
+
+    Returns:
+        ``(hidden, lm_head)`` on the fused-head path: hidden (B, kept, H), the states that
+        predict response tokens ``0 .. kept-1`` (each distinct prompt run once when
+        ``share_prompts`` and the model allows it); else ``(logits, None)``: the model's own
+        logits (B, K, V), K >= kept, whose first ``kept`` positions predict the response
+        tokens (the others predict nothing scored).
+    """
+    head = fused_head(model)
+    if head is not None:
+        backbone, lm_head = head
+        groups = None
+        if share_prompts and can_share_prompts(model):
+            groups = prompt_groups(trimmed)
+        if groups is not None:
+            hidden = shared_prompt_hidden(backbone, trimmed, *groups)
+        else:
+            hidden = backbone(**trimmed.model_inputs()).last_hidden_state
+            hidden = hidden[:, trimmed.start : trimmed.start + trimmed.kept]
+        return hidden, lm_head
+    inner = unwrap(model)
+    inputs = trimmed.model_inputs()
+    keep = trimmed.input_ids.shape[1] - trimmed.start  # outputs from ``start`` to the end
+    if "logits_to_keep" in inspect.signature(inner.forward).parameters:
+        inputs["logits_to_keep"] = keep
+    return inner(**inputs).logits[:, -keep:], None
+
+
+def _score(
+    trimmed: Trimmed,
+    outputs: torch.Tensor,
+    head: nn.Linear | None,
+    temperature: float,
+    with_entropy: bool,
+    chunk_size: int | None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(B, T) log-probs (and entropy) of the response tokens from `response_outputs`."""
+    if head is not None:
+        log_probs, entropy = log_probs_from_hidden(
+            outputs, head.weight, head.bias, trimmed.labels, temperature, with_entropy,
+            chunk_size,
+        )  # fmt: skip
+    else:
+        # The positions past ``kept`` predict nothing we score: dummy labels, dropped after.
+        labels = F.pad(trimmed.labels, (0, outputs.shape[1] - trimmed.kept))
+        log_probs, entropy = log_probs_from_logits(
+            outputs, labels, temperature, with_entropy, chunk_size
+        )
+        log_probs = log_probs[:, : trimmed.kept]
+        entropy = entropy[:, : trimmed.kept] if entropy is not None else None
+    return trimmed.to_full(log_probs), (trimmed.to_full(entropy) if entropy is not None else None)
+
+
 def forward_log_probs(
     model: nn.Module,
     batch,
@@ -274,37 +343,68 @@ def forward_log_probs(
         positions; ``entropy`` is None unless ``with_entropy``.
     """
     trimmed = trim_batch(batch, _model_device(model))
-    head = fused_head(model)
-    groups = None
-    if head is not None and share_prompts and can_share_prompts(model):
-        groups = prompt_groups(trimmed)
-    if head is not None:
-        backbone, lm_head = head
-        if groups is not None:
-            hidden = shared_prompt_hidden(backbone, trimmed, *groups)
-        else:
-            hidden = backbone(**trimmed.model_inputs()).last_hidden_state
-            hidden = hidden[:, trimmed.start : trimmed.start + trimmed.kept]
-        log_probs, entropy = log_probs_from_hidden(
-            hidden, lm_head.weight, lm_head.bias, trimmed.labels, temperature, with_entropy,
+    outputs, head = response_outputs(model, trimmed, share_prompts)
+    return _score(trimmed, outputs, head, temperature, with_entropy, chunk_size)
+
+
+def forward_log_probs_and_kl(
+    model: nn.Module,
+    reference: ReferencePolicy,
+    batch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+    share_prompts: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """`forward_log_probs`, plus the exact KL(pi || pi_ref) over the vocabulary per token.
+
+    ``KL = sum_v pi(v) (log pi(v) - log ref(v))`` at each response position, both softmaxes of
+    ``logits / temperature``. The reference runs first on the same trimmed micro-batch, without
+    grad and in eval mode (a LoRA actor with its adapter disabled, or a frozen model); then the
+    policy's forward with grad. When both end in a plain output head, the KL comes from the two
+    hidden states through :func:`lmrl.algos.kl.full_kl_from_hidden`: logits exist one chunk of
+    tokens at a time, as for the log-probs, and the extra memory is the reference's (B, T, H)
+    hidden states. Otherwise both sides' logits at the response positions go through the
+    chunked :func:`lmrl.algos.logprob.full_kl_from_logits`. The gradient flows through the
+    policy only.
+
+    Args:
+        model: the policy, a causal LM (Hugging Face, or PEFT-wrapped).
+        reference: the reference policy (``lmrl.models.Reference``), same vocabulary.
+        batch, temperature, with_entropy, chunk_size, share_prompts: as in `forward_log_probs`.
+
+    Returns:
+        ``(log_probs, entropy, kl)``: (B, T) fp32 on the policy's device, 0 at padded
+        response positions; ``entropy`` is None unless ``with_entropy``.
+    """
+    device = _model_device(model)
+    trimmed = trim_batch(batch, device)
+    with torch.no_grad(), reference.context() as ref_model, eval_mode(ref_model):
+        ref_device = _model_device(ref_model)
+        ref_trimmed = trimmed if ref_device == device else trim_batch(batch, ref_device)
+        ref_outputs, ref_head = response_outputs(ref_model, ref_trimmed, share_prompts)
+    ref_outputs = ref_outputs.to(device)
+    outputs, head = response_outputs(model, trimmed, share_prompts)
+    log_probs, entropy = _score(trimmed, outputs, head, temperature, with_entropy, chunk_size)
+    if head is not None and ref_head is not None:
+        kl = full_kl_from_hidden(
+            outputs, head.weight, head.bias, ref_outputs, ref_head.weight.to(device),
+            ref_head.bias.to(device) if ref_head.bias is not None else None, temperature,
             chunk_size,
         )  # fmt: skip
     else:
-        inner = unwrap(model)
-        inputs = trimmed.model_inputs()
-        keep = trimmed.input_ids.shape[1] - trimmed.start  # outputs from ``start`` to the end
-        if "logits_to_keep" in inspect.signature(inner.forward).parameters:
-            inputs["logits_to_keep"] = keep
-        logits = inner(**inputs).logits[:, -keep:]
-        # The last kept output predicts nothing we score: give it a dummy label and drop it.
-        labels = F.pad(trimmed.labels, (0, keep - trimmed.kept))
-        log_probs, entropy = log_probs_from_logits(
-            logits, labels, temperature, with_entropy, chunk_size
-        )
-        log_probs = log_probs[:, : trimmed.kept]
-        entropy = entropy[:, : trimmed.kept] if entropy is not None else None
-    log_probs = trimmed.to_full(log_probs)
-    return log_probs, (trimmed.to_full(entropy) if entropy is not None else None)
+        logits = _response_logits(outputs, head, trimmed.kept, device)
+        ref_logits = _response_logits(ref_outputs, ref_head, trimmed.kept, device)
+        kl = full_kl_from_logits(logits, ref_logits, temperature, chunk_size)
+    return log_probs, entropy, trimmed.to_full(kl)
+
+
+def _response_logits(outputs, head, kept: int, device) -> torch.Tensor:
+    """(B, kept, V) logits from `response_outputs`: through the head, or the first ``kept``."""
+    if head is None:
+        return outputs[:, :kept]
+    bias = head.bias.to(device) if head.bias is not None else None
+    return F.linear(outputs, head.weight.to(device), bias)
 
 
 @contextlib.contextmanager

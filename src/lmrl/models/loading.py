@@ -16,11 +16,15 @@ Choices:
   computed from positions and lengths, never by comparing ids with ``pad_token_id``. A tokenizer
   with neither pad nor EOS is an error (adding a token would change the vocabulary size).
 - chat templates are left exactly as the tokenizer ships them.
+- errors name the path, and the file where one is to blame (a truncated
+  ``model.safetensors``): a ``lmrl.errors.ModelError``, which ``lmrl`` prints as one line.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -108,7 +112,7 @@ def set_pad_token(tokenizer):
     if tokenizer.pad_token is not None:
         return tokenizer
     if tokenizer.eos_token is None:
-        raise ValueError(
+        raise ModelError(
             f"tokenizer of {tokenizer.name_or_path!r} has neither a pad nor an eos token; "
             "add a pad token to it (and resize the model's embeddings) before training"
         )
@@ -153,7 +157,7 @@ def _check_causal(path: str, config) -> None:
     auto_map = getattr(config, "auto_map", None) or {}
     if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or "AutoModelForCausalLM" in auto_map:
         return
-    raise ValueError(
+    raise ModelError(
         f"model at {path!r} (model_type {config.model_type!r}, architectures "
         f"{getattr(config, 'architectures', None)}) is not a causal language model: "
         "AutoModelForCausalLM cannot load it"
@@ -181,6 +185,9 @@ def load_causal_lm(
     Returns:
         The model on ``device``, in eval mode as ``from_pretrained`` leaves it (the actor's
         update switches to train mode itself), with ``config.use_cache`` off when checkpointing.
+    Raises:
+        ModelError: a missing or unreadable path, a model that is not a causal LM, or a
+            damaged weights file (named).
     """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -192,14 +199,49 @@ def load_causal_lm(
     kwargs = {"dtype": resolve_dtype(dtype, device), "trust_remote_code": trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
-    try:
+    with weight_errors(path, "model"):
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except OSError as err:
-        raise ModelPathError(f"cannot load model weights from {path!r}: {err}") from err
     model.to(device)
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
     return model
+
+
+@contextmanager
+def weight_errors(path: str, what: str = "model") -> Iterator[None]:
+    """Turn the errors of a ``from_pretrained`` of ``path`` into a ``ModelError`` that names
+    the path, and the weights file when one is damaged (safetensors' own error names none).
+
+    Args:
+        path: the model directory being loaded.
+        what: the noun of the message (``"model"``, ``"critic"``).
+    """
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except OSError as err:
+        raise ModelPathError(f"cannot load {what} weights from {path!r}: {err}") from err
+    except SafetensorError as err:
+        file = _damaged_safetensors(path)
+        where = f"{file} is" if file else f"a weights file in {path!r} is"
+        raise ModelError(
+            f"cannot load {what} weights: {where} damaged or truncated ({err}); save or copy "
+            "the model again"
+        ) from None
+
+
+def _damaged_safetensors(path: str) -> Path | None:
+    """The first ``*.safetensors`` file in ``path`` whose header or size does not check out."""
+    from safetensors import SafetensorError, safe_open
+
+    for file in sorted(Path(path).glob("*.safetensors")):
+        try:
+            with safe_open(file, framework="pt"):
+                pass
+        except (SafetensorError, OSError):
+            return file
+    return None
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> None:

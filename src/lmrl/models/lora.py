@@ -17,6 +17,8 @@ from pathlib import Path
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
+from lmrl.models.loading import ModelPathError, weight_errors
+
 
 def is_lora(model: nn.Module) -> bool:
     """True when ``model`` is PEFT-wrapped (its adapter can be disabled to get the base model)."""
@@ -77,11 +79,15 @@ def load_lora(model: nn.Module, adapter_path: str | Path, is_trainable: bool = T
         model: the base causal LM the adapter was trained on.
         adapter_path: a directory written by :func:`save_lora`.
         is_trainable: keep the adapter trainable (resume) rather than inference-only.
+    Raises:
+        ModelPathError: no adapter at ``adapter_path`` (also a ``FileNotFoundError``).
+        ModelError: a damaged adapter file (named).
     """
     path = Path(adapter_path)
     if not (path / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"no LoRA adapter at {str(path)!r} (adapter_config.json missing)")
-    return PeftModel.from_pretrained(model, str(path), is_trainable=is_trainable)
+        raise ModelPathError(f"no LoRA adapter at {str(path)!r} (adapter_config.json missing)")
+    with weight_errors(str(path), "LoRA adapter"):
+        return PeftModel.from_pretrained(model, str(path), is_trainable=is_trainable)
 
 
 def merge_lora(model: PeftModel, inplace: bool = False) -> nn.Module:

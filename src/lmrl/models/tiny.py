@@ -25,6 +25,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import GenerationConfig, PreTrainedTokenizerFast
 
+from lmrl.errors import ModelError
+
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
@@ -117,11 +119,13 @@ def tiny_config(arch: str = "qwen2", size: str = "tiny", vocab_size: int | None 
         arch: ``"qwen2"`` or ``"llama"``.
         size: ``"tiny"`` (~100k parameters), ``"small"`` (~2M) or ``"base"`` (~20M).
         vocab_size: defaults to the byte tokenizer's size.
+    Raises:
+        ModelError: an unknown arch or size (the message lists the valid ones).
     """
     if arch not in ARCHS:
-        raise ValueError(f"arch must be one of {list(ARCHS)}, got {arch!r}")
+        raise ModelError(f"arch must be one of {list(ARCHS)}, got {arch!r}")
     if size not in SIZES:
-        raise ValueError(f"size must be one of {list(SIZES)}, got {size!r}")
+        raise ModelError(f"size must be one of {list(SIZES)}, got {size!r}")
     hidden, layers, heads, kv_heads, inter, tie = SIZES[size]
     ids = {tok: 256 + i for i, tok in enumerate(SPECIAL_TOKENS)}
     common = dict(
@@ -176,9 +180,14 @@ def save_model(config, out_dir: str | Path, seed: int = 0) -> Path:
 
     Returns:
         ``out_dir`` as a ``Path``, loadable with ``AutoModelForCausalLM`` and ``AutoTokenizer``.
+    Raises:
+        ModelError: ``out_dir`` is a file or cannot be written (checked before building).
     """
     from transformers import AutoModelForCausalLM
 
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ModelError(f"{out} is a file, not a directory; give a directory for the model")
     tokenizer = build_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -188,8 +197,10 @@ def save_model(config, out_dir: str | Path, seed: int = 0) -> Path:
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    except OSError as err:  # a parent that is a file, no permission, a full disk
+        raise ModelError(f"cannot write the model to {out}: {err}") from None
     return out

@@ -17,9 +17,12 @@ works.
 
 Everything that comes back is checked here (`normalize_value`): a number or 0-d array, or a
 dict with a finite ``"score"``; anything else (NaN, inf, a string, ``None`` from a per-sample
-function, a list of the wrong length) is an error for that sample. These helpers never raise:
-they return an `Outcome` per sample, so the worker processes and the in-process path share
-them.
+function, a list of the wrong length) is an error for that sample, with a message that says
+what came back (``returned None``, ``a dict without 'score'``, ``returned 3 scores for 8
+samples``). These helpers never raise: they return an `Outcome` per sample, so the worker
+processes and the in-process path share them. Loading a function (a missing file, an import
+error, a missing name, an undetectable convention) raises `lmrl.errors.RewardError`, naming
+the file and the function.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from lmrl.errors import RewardError
 
 PER_SAMPLE_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
@@ -63,8 +68,8 @@ class FileFunction:
     function defined in a user's script reaches them without being importable as a module.
 
     Raises:
-        ValueError: the file does not exist, cannot be imported, or lacks ``name``, or
-            ``name`` is not callable.
+        RewardError: the file does not exist, cannot be imported, or lacks ``name``, or
+            ``name`` is not callable (the message names the file and the function).
     """
 
     def __init__(self, path: str | Path, name: str):
@@ -75,30 +80,39 @@ class FileFunction:
     def _load(self) -> Callable:
         path = Path(self.path)
         if not path.is_file():
-            raise ValueError(f"custom reward function file {self.path} does not exist")
+            raise RewardError(
+                f"custom reward function file {self.path} does not exist "
+                f"(looking for function {self.name!r})"
+            )
         module_name = f"lmrl_user_reward_{abs(hash(self.path)):x}"
         spec = importlib.util.spec_from_file_location(module_name, path)
         if spec is None or spec.loader is None:
-            raise ValueError(f"custom reward function file {self.path} is not a Python file")
+            raise RewardError(
+                f"custom reward function file {self.path} is not a Python file "
+                f"(looking for function {self.name!r})"
+            )
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
         except Exception as err:
             del sys.modules[module_name]
-            raise ValueError(
+            raise RewardError(
                 f"importing custom reward function file {self.path} failed: "
-                f"{type(err).__name__}: {err}"
+                f"{type(err).__name__}: {err} (looking for function {self.name!r})"
             ) from err
         fn = getattr(module, self.name, None)
         if fn is None:
             found = sorted(k for k, v in vars(module).items() if callable(v) and k[0] != "_")
-            raise ValueError(
+            raise RewardError(
                 f"custom reward function {self.name!r} not found in {self.path}; "
                 f"callables there: {found}"
             )
         if not callable(fn):
-            raise ValueError(f"{self.name!r} in {self.path} is not callable")
+            raise RewardError(
+                f"custom reward function {self.name!r} in {self.path} is not callable "
+                f"(it is a {type(fn).__name__})"
+            )
         return fn
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -119,6 +133,11 @@ def _target(fn: Callable) -> Callable:
     return fn.fn if isinstance(fn, FileFunction) else fn
 
 
+def describe(fn: Callable, name: str) -> str:
+    """``'name'``, plus ``in <file>`` for a function loaded from a file (for messages)."""
+    return f"{name!r} in {fn.path}" if isinstance(fn, FileFunction) else repr(name)
+
+
 @dataclass
 class RewardFunction:
     """One reward function with its name, weight and calling convention.
@@ -131,7 +150,7 @@ class RewardFunction:
         kwargs: extra keyword arguments passed on every call (verl's ``reward_kwargs``).
 
     Raises:
-        ValueError: the convention cannot be detected, or the weight is not finite.
+        RewardError: the convention cannot be detected, or the weight is not finite.
     """
 
     fn: Callable
@@ -146,8 +165,9 @@ class RewardFunction:
         if not self.name:
             self.name = getattr(target, "__name__", type(target).__name__)
         if not isinstance(self.weight, numbers.Real) or not math.isfinite(self.weight):
-            raise ValueError(
-                f"reward function {self.name!r}: weight must be finite, got {self.weight!r}"
+            raise RewardError(
+                f"reward function {describe(self.fn, self.name)}: weight must be finite, "
+                f"got {self.weight!r}"
             )
         self.weight = float(self.weight)
         try:
@@ -162,8 +182,8 @@ class RewardFunction:
             elif "solution_str" in params:
                 self.batched = False
             else:
-                raise ValueError(
-                    f"cannot tell how to call reward function {self.name!r} "
+                raise RewardError(
+                    f"cannot tell how to call reward function {describe(self.fn, self.name)} "
                     f"(parameters {list(params)}): a parameter 'completions' means batched "
                     "(prompts, completions, **columns), 'solution_str' means per sample "
                     "(data_source, solution_str, ground_truth, extra_info); "
@@ -204,10 +224,11 @@ class RewardFunction:
         except Exception as err:
             return [failed("error", f"{self.name} raised {type(err).__name__}: {err}")] * n
         if isinstance(values, str | bytes | dict) or not hasattr(values, "__len__"):
-            msg = f"{self.name} returned {type(values).__name__}, expected a list of {n} scores"
+            what = "None" if values is None else type(values).__name__
+            msg = f"{self.name} returned {what}, expected a list of {n} scores"
             return [failed("error", msg)] * n
         if len(values) != n:
-            msg = f"{self.name} returned {len(values)} scores for {n} completions"
+            msg = f"{self.name} returned {len(values)} scores for {n} samples"
             return [failed("error", msg)] * n
         return [Outcome("none") if v is None else normalize_value(v, self.name) for v in values]
 
@@ -250,6 +271,8 @@ def normalize_value(value: Any, who: str) -> Outcome:
             )
         value = value["score"]
     score = _as_float(value)
+    if value is None:
+        return failed("error", f"{who} returned None, expected a number or a dict with 'score'")
     if score is None:
         return failed(
             "error", f"{who} returned {type(value).__name__} {value!r:.80}, expected a number"
@@ -280,7 +303,7 @@ def load_reward_fn(
         A `RewardFunction` named ``name``, picklable (workers re-import the file).
 
     Raises:
-        ValueError: a missing file, an import error, a missing name, or an undetectable
+        RewardError: a missing file, an import error, a missing name, or an undetectable
             convention; the message names the file and the function.
     """
     return RewardFunction(

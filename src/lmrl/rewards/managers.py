@@ -14,12 +14,23 @@ their own), and writes the sample's score on the last valid response token of a 
   the response's valid token count (seed 004 §7).
 
 Robustness is the design choice: a reward function that raises, hangs, returns NaN/inf, a
-wrong type or (batched) None costs that sample a 0 from that function and a count in
-``reward/errors``, ``reward/timeouts`` or ``reward/no_score``; the first error and the first
-timeout are logged once per manager on ``logging.getLogger("lmrl.rewards")``. With
-``num_workers >= 1`` (default 1) scoring runs in a persistent `ScoringPool` with a per-call
-timeout and hung workers are replaced; ``num_workers=0`` scores in-process, cheapest, but
-with no timeout (a hanging function hangs training) and no protection against crashes.
+wrong type or None, a dict without ``score``, a batch of the wrong length, or whose worker
+process dies costs that sample a 0 from that function and a count in ``reward/errors`` or
+``reward/timeouts`` (out of ``reward/scored``); a batched function's None for one sample
+("no score", TRL's convention) counts in ``reward/no_score``. The first error and the first
+timeout are logged once per manager on ``logging.getLogger("lmrl.rewards")``.
+
+A reward that fails on (nearly) every sample is a bug, not noise: on the manager's first call,
+a function that errs or times out on at least ``max_error_fraction`` of the samples raises
+`lmrl.errors.RewardError` quoting its first error, so a run stops at its first step instead
+of training on zeros; later calls only count and warn. `RewardManager.check_dataset` finds at
+load time the rows the built-in scorers cannot score (an unknown ``data_source``, a missing or
+unusable ground truth).
+
+With ``num_workers >= 1`` (default 1) scoring runs in a persistent `ScoringPool` with a
+per-call timeout (timeouts run in parallel) and hung workers are replaced; ``num_workers=0``
+scores in-process, cheapest, but with no timeout (a hanging function hangs training) and no
+protection against crashes.
 """
 
 from __future__ import annotations
@@ -34,7 +45,8 @@ import torch
 
 from lmrl.algos.registry import Registry
 from lmrl.batch import Batch
-from lmrl.rewards.functions import Outcome, RewardFunction
+from lmrl.errors import DataError, RewardError
+from lmrl.rewards.functions import Outcome, RewardFunction, describe
 from lmrl.rewards.pool import ScoringPool
 from lmrl.rewards.scorers import SCORERS, BuiltinScorer
 
@@ -51,8 +63,9 @@ class RewardResult:
         extras: per-sample values, each an array of length ``B``: ``score`` (the reward
             functions' weighted sum, before any penalty), the functions' extra keys (e.g.
             ``acc``; NaN where a sample has none), ``overlong_penalty`` for ``dapo``.
-        metrics: batch-level counts: ``reward/errors``, ``reward/timeouts``,
-            ``reward/no_score``, ``reward/worker_restarts``.
+        metrics: batch-level counts: ``reward/scored`` (samples times reward functions),
+            ``reward/errors``, ``reward/timeouts``, ``reward/no_score`` (out of
+            ``reward/scored``), ``reward/worker_restarts``.
     """
 
     token_level_scores: torch.Tensor
@@ -112,9 +125,13 @@ class RewardManager:
         reward_fn_key: the non-tensor column naming the scorer (verl's ``reward_fn_key``).
         scorer_options: options of the built-in scorers per data source, e.g.
             ``{"gsm8k": {"method": "flexible"}}`` (only without ``reward_fns``).
+        max_error_fraction: on the first call, a function that errs or times out on at least
+            this fraction of the samples raises `RewardError` (``reward.max_error_fraction``);
+            0 = any failure, > 1 = never.
 
     Raises:
         ValueError: bad arguments (the message names them).
+        RewardError: reward functions that cannot reach the worker processes.
     """
 
     whole_batch_calls = False  # batched functions get the whole batch (True) or one sample
@@ -129,7 +146,12 @@ class RewardManager:
         batch_timeout_s: float | None = None,
         reward_fn_key: str = "data_source",
         scorer_options: Mapping[str, Mapping[str, Any]] | None = None,
+        max_error_fraction: float = 0.9,
     ):
+        if not isinstance(max_error_fraction, int | float) or not max_error_fraction >= 0:
+            raise ValueError(
+                f"max_error_fraction must be a number >= 0, got {max_error_fraction!r}"
+            )
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"num_workers must be an int >= 0, got {num_workers!r}")
         if timeout_s is not None and timeout_s <= 0:
@@ -140,6 +162,8 @@ class RewardManager:
         self.num_workers = num_workers
         self.timeout_s = timeout_s
         self.reward_fn_key = reward_fn_key
+        self.max_error_fraction = float(max_error_fraction)
+        self.calls = 0  # batches scored so far; the error threshold applies to the first
         # the pool object checks now that the functions can reach worker processes; its
         # processes start on the first call
         self._pool = (
@@ -161,20 +185,49 @@ class RewardManager:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def check_data_sources(self, data_sources: Sequence[str]) -> None:
-        """Fail early (before training) when the built-in scorers cannot score a data source.
+    def check_dataset(self, dataset: Any) -> None:
+        """Fail at load time on the rows the built-in scorers cannot score.
+
+        Only with the built-in scorers (a custom reward function scores anything): every
+        row's data source must have a scorer, and a ground truth the scorer accepts (it scores
+        an empty response against it, which also catches a malformed one).
+
+        Args:
+            dataset: an `lmrl.data.RLDataset`: ``len``, rows ``dataset[i]`` with
+                ``data_source`` and ``ground_truth``, ``dataset.origin(i)`` (file, row) and
+                ``dataset.reward_fn_key`` (the data-source column).
 
         Raises:
-            ValueError: a data source without a scorer (the message lists the valid names).
+            DataError: the first bad row, e.g. ``"train.jsonl: row 3: column 'data_source':
+                no built-in scorer for 'mine'; known data sources: ..."`` or ``"...: column
+                'reward_model.ground_truth': missing ..."``.
         """
         if not self.uses_builtin:
             return
-        for name in sorted({str(d) for d in data_sources}):
-            if name not in SCORERS:
-                raise ValueError(
-                    f"no built-in scorer for data_source {name!r} (column {self.reward_fn_key!r}); "
-                    f"valid names: {', '.join(sorted(SCORERS))}; or give a custom reward function"
+        scorer = self.reward_fns[0].fn
+        for i in range(len(dataset)):
+            row = dataset[i]
+            file, r = dataset.origin(i)
+            source, truth = row["data_source"], row["ground_truth"]
+            if source not in SCORERS:
+                raise DataError(
+                    f"{file}: row {r}: column {dataset.reward_fn_key!r}: no built-in scorer for "
+                    f"{source!r}; known data sources: {', '.join(sorted(SCORERS))}; or set "
+                    "reward.custom_reward_function.path to score it with your own function"
                 )
+            where = f"{file}: row {r}: column 'reward_model.ground_truth'"
+            if truth is None:
+                raise DataError(
+                    f"{where}: missing (no reward_model column, or a null ground_truth); the "
+                    f"built-in scorer of data_source {source!r} needs one to score against"
+                )
+            try:
+                scorer(source, "", truth, row.get("extra_info"))
+            except (ValueError, TypeError, KeyError, AttributeError) as err:
+                raise DataError(
+                    f"{where}: the built-in scorer of data_source {source!r} cannot use "
+                    f"{truth!r:.80} ({type(err).__name__}: {err})"
+                ) from None
 
     # ------------------------------------------------------------------ scoring
     def __call__(self, batch: Batch) -> RewardResult:
@@ -213,9 +266,11 @@ class RewardManager:
         def column(key: str, default: Any = None) -> list[Any]:
             return list(batch[key]) if key in batch else [default] * B
 
+        # RLDataset keeps the reward_fn_key column as "data_source"
+        source_key = self.reward_fn_key if self.reward_fn_key in batch else "data_source"
         scores, extras, metrics = self.score_texts(
             completions,
-            data_sources=column(self.reward_fn_key),
+            data_sources=column(source_key),
             ground_truths=column("ground_truth"),
             extra_infos=column("extra_info"),
             prompts=column("raw_prompt"),
@@ -263,6 +318,10 @@ class RewardManager:
 
         Returns:
             ``(scores (B,) float64, extras, metrics)`` as in `RewardResult`.
+
+        Raises:
+            RewardError: on the first call, a function failed on at least
+                ``max_error_fraction`` of the samples (the message quotes its first error).
         """
         n = len(completions)
         prompts = list(prompts) if prompts is not None else [None] * n
@@ -314,6 +373,7 @@ class RewardManager:
         several = len(self.reward_fns) > 1
         for rf, row in zip(self.reward_fns, table, strict=True):
             prefix = f"{rf.name}/" if several else ""
+            failed = [i for i, o in enumerate(row) if o.status in ("error", "timeout")]
             for i, o in enumerate(row):
                 if o.status == "ok":
                     scores[i] += rf.weight * o.score
@@ -336,16 +396,58 @@ class RewardManager:
                     items["score"] = o.score if o.status == "ok" else None
                 for key, value in items.items():
                     raw.setdefault(prefix + key, [None] * n)[i] = value
+            self._check_failures(rf, row, failed, data_sources)
+        self.calls += 1
         extras = {key: _column(values) for key, values in raw.items()}
         extras["score"] = scores.copy()
         restarts = (self._pool.restarts if self._pool is not None else 0) - restarts_before
         metrics = {
+            "reward/scored": float(n * len(self.reward_fns)),
             "reward/errors": float(counts["error"]),
             "reward/timeouts": float(counts["timeout"]),
             "reward/no_score": float(counts["none"]),
             "reward/worker_restarts": float(restarts),
         }
         return scores, extras, metrics
+
+    def _check_failures(
+        self,
+        rf: RewardFunction,
+        row: list[Outcome],
+        failed: list[int],
+        data_sources: Sequence[Any],
+    ) -> None:
+        """Raise on the first call (warn once later) when ``rf`` failed on at least
+        ``max_error_fraction`` of the samples."""
+        n = len(row)
+        if not failed or len(failed) < self.max_error_fraction * n:
+            return
+        sources = sorted({str(data_sources[i]) for i in failed})
+        shown = ", ".join(repr(x) for x in sources[:3]) + (", ..." if len(sources) > 3 else "")
+        who = (
+            f"the built-in scorer (data_source {shown})"
+            if self.uses_builtin
+            else f"reward function {describe(rf.fn, rf.name)} (data_source {shown})"
+        )
+        first = row[failed[0]]
+        what = f"{who} failed on {len(failed)} of {n} samples"
+        if self.calls == 0:
+            fix = "make it faster or raise reward.timeout_s" if first.status == "timeout" else ""
+            raise RewardError(
+                f"{what} of the first batch; first {first.status}: {first.message}. Fix the "
+                f"reward{f' ({fix})' if fix else ''}, or set reward.max_error_fraction above "
+                f"{self.max_error_fraction:g} (> 1 = never stop) to train on anyway"
+            )
+        if f"fraction:{rf.name}" not in self._logged:
+            self._logged.add(f"fraction:{rf.name}")
+            log.warning(
+                "%s of batch %d (reward.max_error_fraction=%g; logged once); first %s: %s",
+                what,
+                self.calls + 1,
+                self.max_error_fraction,
+                first.status,
+                first.message,
+            )
 
 
 @REWARD_MANAGERS.register("batch")

@@ -323,10 +323,10 @@ def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row of ``probs`` (R, V), by inverting the row's cumulative distribution.
 
     ``torch.multinomial`` draws an exponential variate for every (row, token): R x V random
-    numbers per decode step, ~10% of a step with a 32k vocabulary on CPU (16 ms for 32 x 32k
-    on 2 threads). This draws one uniform per row and binary-searches the row's float64
-    cumulative sum (0.8 ms), an exact sampler of the same distribution (a different stream
-    of draws for a given seed). Tokens of probability 0 are never drawn.
+    numbers per decode step, a cost that grows with the vocabulary and not with the model.
+    This draws one uniform per row and binary-searches the row's float64 cumulative sum, an
+    exact sampler of the same distribution (a different stream of draws for a given seed);
+    ``docs/performance.md`` has the timings of both. Tokens of probability 0 are never drawn.
 
     Args:
         probs: (R, V) non-negative, each row with a positive sum (need not be normalized).

@@ -28,6 +28,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from lmrl.errors import CheckpointError
+
 log = logging.getLogger("lmrl.trainer")
 
 MANIFEST = "manifest.json"
@@ -106,9 +108,9 @@ def load_model_state(model: torch.nn.Module, path: Path) -> None:
     tied = {n for n, t in current.items() if n not in state and t.data_ptr() in saved_ptrs}
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected:
-        raise ValueError(f"{path}: tensors the model does not have: {unexpected[:5]}")
+        raise CheckpointError(f"{path}: tensors the model does not have: {unexpected[:5]}")
     if set(missing) - tied:
-        raise ValueError(f"{path}: the checkpoint lacks {sorted(set(missing) - tied)[:5]}")
+        raise CheckpointError(f"{path}: the checkpoint lacks {sorted(set(missing) - tied)[:5]}")
 
 
 def save_checkpoint(

@@ -1,10 +1,7 @@
 """``lmrl demo``: a tiny model learns to reverse digits on the CPU, and RL does the learning.
 
 The pipeline a user runs on real models, at toy scale, in about a minute on 2 CPU cores
-(measured with the default seed 0 and seeds 1, 3, 4: 50-60 s; SFT ends at 0.32-0.42
-accuracy, GRPO reaches 0.95-0.97 in 80-105 steps of ~0.26 s. Seed 2 is the exception: GRPO
-climbs from 0.32 to 0.70 by step 45 and stays there to the 250-step cap, the kind of
-per-length shortcut described below):
+(``docs/demo.md`` has the times and accuracies measured per seed):
 
     1 model   a ~2M-parameter Qwen2 with the byte-level tokenizer (``lmrl.models.tiny``)
     2 data    the ``digits`` task: ``reverse 48213`` -> ``31284`` (4-6 digits), 128
@@ -13,32 +10,29 @@ per-length shortcut described below):
     4 GRPO    from the SFT model: 16 prompts x 8 samples per step, greedy validation
     5 plot    ``rl/plot.png``, the final checkpoint, and a summary (``demo.json``)
 
-Choices, each measured on several seeds:
+Choices (``docs/demo.md`` has the runs behind them):
 
 - The warm start must leave the work to RL (the bar: exact-match accuracy at most 0.5 after
   SFT, at least 0.9 after RL). SFT accuracy rises from ~0 to ~1 within a few dozen steps, at
   a step that varies with the seed, so a loss threshold alone lands anywhere in that rise.
   Once the training loss is below ``SFT_CHECK_LOSS`` the demo measures greedy exact-match
   accuracy on the validation prompts after every step (the prompts and decoding RL validates
-  with, ~0.2 s) and stops at the first step that reaches ``sft_target_acc``; a step that
-  overshoots ``SFT_MAX_ACC`` is undone (the previous check's weights are exported).
+  with) and stops at the first step that reaches ``sft_target_acc``; a step that overshoots
+  ``SFT_MAX_ACC`` is undone (the previous check's weights are exported).
 - The warm start is trained on 2-8 digit numbers (``SFT_LENGTHS``; none of them a
-  validation prompt), RL on the task's 4-6. With SFT on 4-6 digits alone, GRPO on 2 of 4
-  seeds locked in a shortcut right for some lengths and wrong for one digit of another (e.g.
-  the 4th digit of 6-digit numbers), and stayed near 0.7 for 200 steps: its partial credit
-  cannot build a circuit the warm start lacks. Numbers of more lengths make SFT learn to
-  copy by relative position rather than per-length shortcuts; from there RL took every
-  seed tried past 0.9.
-- GRPO: learning rate 3e-4 after a 10-step linear warmup (higher rates, or no warmup, knock
-  the fragile warm-started model down to ~0.05 within 10 steps); partial-credit reward (the
-  ``digits`` scorer); no KL term (no reference forward); one optimizer step per batch (the
-  old log-probs are the update's own forward); no gradient checkpointing; in-process scoring;
+  validation prompt), RL on the task's 4-6. Numbers of more lengths make SFT learn to copy
+  by relative position; a warm start on 4-6 digits alone can leave per-length shortcuts
+  (right for some lengths, wrong for one digit of another) that GRPO's partial credit does
+  not repair, since it cannot build a circuit the warm start lacks.
+- GRPO: learning rate 3e-4 after a 10-step linear warmup (the fragile warm-started model
+  does not survive higher rates, or no warmup); partial-credit reward (the ``digits``
+  scorer); no KL term (no reference forward); one optimizer step per batch (the old
+  log-probs are the update's own forward); no gradient checkpointing; in-process scoring;
   one checkpoint at the end. It stops once validation accuracy (every ``test_freq`` steps)
   reaches ``target_acc``, since more steps only cost time; ``rl_steps`` is the cap.
 - Prompts are chat messages, templated (ChatML, ~32 tokens). Plain-string prompts
-  (``prompt_format="{}="``, 15 tokens) halve the cost of a step, but learning from them is
-  slower: SFT needs more steps to the same accuracy, and GRPO did not pass 0.7 in 250 steps
-  on any of 3 seeds.
+  (``prompt_format="{}="``, 15 tokens) halve the cost of a step, but both SFT and GRPO
+  learn from them more slowly.
 - ``out_dir`` starts fresh: a previous demo there (recognised by holding nothing but the
   demo's own entries) is deleted; any other non-empty directory is an error, not deleted.
 """
@@ -55,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from lmrl.errors import DataError
 
 log = logging.getLogger("lmrl.demo")
 
@@ -75,7 +71,7 @@ def _fresh_dir(out: Path) -> None:
     if out.is_dir():
         entries = {p.name for p in out.iterdir()}
         if entries and not entries <= _DEMO_ENTRIES:
-            raise ValueError(
+            raise DataError(
                 f"--out {out}: a non-empty directory that is not a previous lmrl demo "
                 f"(it holds {sorted(entries)[:5]}); pick another --out"
             )
@@ -276,7 +272,7 @@ def run_rl(
         ``{"dir", "checkpoint", "steps", "acc_before", "acc", "seconds", "history"}``.
     """
     from lmrl.config import load_config
-    from lmrl.trainer.trainer import Trainer
+    from lmrl.trainer import Trainer, build_run
 
     cfg = load_config(
         None,
@@ -309,11 +305,12 @@ def run_rl(
         ],
     )
     start = time.perf_counter()
-    trainer = Trainer(cfg)
+    trainer = Trainer(build_run(cfg), cfg.trainer)
     history: list[dict[str, float]] = []
     try:
+        trainer.start()
         before = trainer.validate()
-        trainer.tracker.log(before, step=0)
+        trainer.log_metrics(before, step=0)
         acc = before[ACC_KEY]
         while trainer.global_step < trainer.total_steps:
             metrics = trainer.step()
@@ -322,7 +319,7 @@ def run_rl(
                 metrics |= trainer.validate()
                 acc = metrics[ACC_KEY]
             history.append(metrics)
-            trainer.tracker.log(metrics, step=step)
+            trainer.log_metrics(metrics, step=step)
             if ACC_KEY in metrics and acc >= target_acc:
                 break
         checkpoint = trainer.save_checkpoint()

@@ -36,6 +36,7 @@ METRICS: dict[str, str] = {
     "critic/vf_clipfrac": "fraction of tokens whose value prediction was clipped",
     "critic/vf_explained_var": "1 - Var(returns - values) / Var(returns) over response tokens",
     "critic/grad_norm": "critic gradient norm before clipping",
+    "critic/lr": "critic learning rate after this step's update",
     "critic/score/": "sequence score from the reward function (mean, max, min)",
     "critic/rewards/": "sequence reward after the KL penalty (mean, max, min)",
     "critic/advantages/": "advantages over response tokens (mean, max, min)",
@@ -45,7 +46,14 @@ METRICS: dict[str, str] = {
     "response_length/clip_ratio": "fraction of samples that hit max_response_length",
     "prompt_length/": "prompt tokens per sample (mean, max, min)",
     "rollout_corr/": "rollout importance weights (mean, max, ESS, masked fraction, mismatch KL)",
-    "reward/": "reward manager extras and counters (errors, timeouts, overlong penalty...)",
+    "reward/scored": "scorings attempted in the step: samples times reward functions (the "
+    "denominator of reward/errors, reward/timeouts and reward/no_score)",
+    "reward/errors": "scorings that failed and scored 0: the function raised, returned None, NaN, "
+    "a non-number, a dict without 'score' or a batch of the wrong length, or its worker died",
+    "reward/timeouts": "scorings that ran past reward.timeout_s (or the batch time limit), scored 0",
+    "reward/no_score": "samples a batched reward function returned None for (scored 0)",
+    "reward/worker_restarts": "reward worker processes replaced after a timeout or a crash",
+    "reward/": "reward manager extras per sample, as reward/<key>/mean (acc, overlong_penalty...)",
     "filter_groups/": "DAPO dynamic sampling: kept groups and generation batches used",
     "timing_s/": "seconds spent in each stage of the step (gen, reward, old_log_prob, ref, "
     "values, adv, update_critic, update_actor, step)",

@@ -7,6 +7,13 @@ gradient does not depend on the micro-batch size. The loss is::
 
     policy_loss(registry, loss_mode) - entropy_coeff * entropy + kl_loss_coef * KL(pi || ref)
 
+over the tokens of ``loss_mask`` when the batch has one (rollout correction's rejection in
+mask mode, a subset of the response), else of ``response_mask``. The KL is a sampled-token
+estimator of ``ref_log_probs``, or with ``kl_loss_type=full`` the exact KL over the vocabulary
+against the reference model, computed in each micro-batch. The policy loss receives exactly
+the hyperparameters it declares (``lmrl.algos.losses.loss_hyperparameters``), read from the
+config once at construction.
+
 The worker is a plain class: the local backend calls it in-process, a Ray backend can wrap
 the same class as an actor.
 """
@@ -18,14 +25,44 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from lmrl.algos import AggNorm, agg_loss, kl_penalty, policy_losses
+from lmrl.algos import AggNorm, agg_loss, kl_estimators, kl_penalty, policy_losses
+from lmrl.algos.losses import loss_hyperparameters
 from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
-from lmrl.models import compute_log_probs, forward_log_probs
+from lmrl.models import Reference, compute_log_probs, forward_log_probs
+from lmrl.models.forward import forward_log_probs_and_kl
 from lmrl.workers.optim import TrainableWorker, clip_and_step
 
 UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-               "advantages", "old_log_probs", "ref_log_probs", "rollout_is_weights")  # fmt: skip
+               "loss_mask", "advantages", "old_log_probs", "ref_log_probs",
+               "rollout_is_weights")  # fmt: skip
+
+
+def policy_loss_kwargs(cfg) -> dict[str, float | None]:
+    """The hyperparameters the configured policy loss declares, with their ``actor`` values.
+
+    Every loss hyperparameter the config holds is listed here once; each loss gets the ones
+    its signature names (e.g. ``reinforce`` none, ``sapo`` ``tau_pos`` and ``tau_neg``).
+
+    Raises:
+        ValueError: the loss declares a hyperparameter the ``actor`` config does not hold.
+    """
+    values = {
+        "clip_ratio": cfg.clip_ratio,
+        "clip_ratio_low": cfg.clip_ratio_low,
+        "clip_ratio_high": cfg.clip_ratio_high,
+        "clip_ratio_c": cfg.clip_ratio_c,
+        "tau_pos": cfg.policy_loss.tau_pos,
+        "tau_neg": cfg.policy_loss.tau_neg,
+    }
+    names = loss_hyperparameters(cfg.policy_loss.loss_mode)
+    unknown = [n for n in names if n not in values]
+    if unknown:
+        raise ValueError(
+            f"policy loss {cfg.policy_loss.loss_mode!r} takes {unknown}, which the actor "
+            f"config does not hold (it holds {sorted(values)})"
+        )
+    return {n: values[n] for n in names}
 
 
 class ActorWorker(TrainableWorker):
@@ -40,6 +77,12 @@ class ActorWorker(TrainableWorker):
         log_prob_micro_batch_size: rows per forward pass when computing old log-probs.
         total_steps: training steps, for the learning-rate schedule.
         seed: seeds the mini-batch shuffling (its state is checkpointed).
+        reference: the reference policy (a frozen model, or this LoRA actor with its adapter
+            disabled); required by ``use_kl_loss`` with ``kl_loss_type=full``, which runs it
+            in every micro-batch. Sampled-token KL losses read ``ref_log_probs`` instead.
+
+    Raises:
+        ValueError: an unknown loss or KL name, or the full KL without ``reference``.
     """
 
     def __init__(
@@ -53,6 +96,7 @@ class ActorWorker(TrainableWorker):
         log_prob_micro_batch_size: int | None,
         total_steps: int,
         seed: int = 0,
+        reference: Reference | None = None,
     ) -> None:
         super().__init__(model, cfg.optim, total_steps, seed)
         self.cfg = cfg
@@ -61,14 +105,14 @@ class ActorWorker(TrainableWorker):
         self.temperature = temperature
         self.log_prob_micro_batch_size = log_prob_micro_batch_size
         self.loss_fn = policy_losses.get(cfg.policy_loss.loss_mode)
-        self.loss_kwargs = {
-            "clip_ratio": cfg.clip_ratio,
-            "clip_ratio_low": cfg.clip_ratio_low,
-            "clip_ratio_high": cfg.clip_ratio_high,
-            "clip_ratio_c": cfg.clip_ratio_c,
-            "tau_pos": cfg.policy_loss.tau_pos,
-            "tau_neg": cfg.policy_loss.tau_neg,
-        }
+        self.loss_kwargs = policy_loss_kwargs(cfg)
+        self.full_kl = cfg.use_kl_loss and kl_estimators.canonical(cfg.kl_loss_type) == "full"
+        if self.full_kl and reference is None:
+            raise ValueError(
+                "actor.kl_loss_type=full computes the KL against the reference model in each "
+                "micro-batch: pass ActorWorker(..., reference=<lmrl.models.Reference>)"
+            )
+        self.reference = reference
 
     def compute_log_probs(self, batch: Batch, with_entropy: bool = False):
         """Log-probs (and entropy) of the responses under the current policy, no grad.
@@ -79,27 +123,60 @@ class ActorWorker(TrainableWorker):
         micro = self.log_prob_micro_batch_size or len(batch)
         return compute_log_probs(self.model, batch, micro, self.temperature, with_entropy)
 
-    def update_policy(self, batch: Batch) -> dict[str, torch.Tensor]:
+    def update_policy(
+        self, batch: Batch, *, old_log_probs_from_update: bool = False
+    ) -> dict[str, torch.Tensor]:
         """``ppo_epochs`` x mini-batches x micro-batches of the policy loss; one lr step.
 
-        ``old_log_probs`` absent means the caller proved them equal to this pass's own
-        log-probs (one epoch, one mini-batch, unchanged weights): they are taken detached
-        from the forward pass, saving a second one.
+        Args:
+            batch: ``input_ids``, ``attention_mask``, ``responses``, ``response_mask``,
+                ``advantages`` (B, T); ``old_log_probs`` (B, T) unless
+                ``old_log_probs_from_update``; ``ref_log_probs`` for a sampled-token KL loss;
+                optionally ``position_ids``, ``rollout_is_weights`` and ``loss_mask`` (bool
+                (B, T), a subset of ``response_mask``: the tokens that train).
+            old_log_probs_from_update: the caller knows the old log-probs equal this pass's own
+                (one epoch of one mini-batch, weights unchanged since the rollout): they are
+                taken detached from the update's forward, saving a pass, and any
+                ``old_log_probs`` in the batch is ignored.
 
         Returns:
             Metrics as detached tensors: ``actor/pg_loss``, ``actor/pg_clipfrac``,
             ``actor/pg_clipfrac_lower``, ``actor/ppo_kl``, ``actor/entropy``,
             ``actor/kl_loss``, ``actor/grad_norm``, ``actor/lr``, ``actor/skipped_steps``.
+
+        Raises:
+            ValueError: ``old_log_probs`` missing without the flag, the flag with more than
+                one epoch or mini-batch, ``ref_log_probs`` missing for a sampled-token KL
+                loss, or a ``loss_mask`` that is not a bool subset of ``response_mask``.
         """
         cfg = self.cfg
         mini_size = cfg.ppo_mini_batch_size * self.rollout_n
-        batch = batch.select(*(k for k in UPDATE_KEYS if k in batch))
-        if cfg.use_kl_loss and "ref_log_probs" not in batch:
+        keys = UPDATE_KEYS
+        if old_log_probs_from_update:
+            if cfg.ppo_epochs != 1 or len(batch) > mini_size:
+                raise ValueError(
+                    "old_log_probs_from_update holds for one epoch of one mini-batch only (the "
+                    f"weights change at each optimizer step); got actor.ppo_epochs="
+                    f"{cfg.ppo_epochs} and {len(batch)} rows for mini-batches of {mini_size}"
+                )
+            keys = tuple(k for k in UPDATE_KEYS if k != "old_log_probs")
+        elif "old_log_probs" not in batch:
+            raise ValueError(
+                "the batch has no old_log_probs: compute them (ActorWorker.compute_log_probs), "
+                "or pass old_log_probs_from_update=True when this one-pass update's own "
+                "log-probs are the old ones"
+            )
+        batch = batch.select(*(k for k in keys if k in batch))
+        if cfg.use_kl_loss and not self.full_kl and "ref_log_probs" not in batch:
             raise ValueError("actor.use_kl_loss needs ref_log_probs in the batch")
+        if "loss_mask" in batch:
+            _check_loss_mask(batch["loss_mask"], batch["response_mask"])
         totals: dict[str, list[torch.Tensor]] = defaultdict(list)
         skipped = 0
         for mini in self.mini_batches(batch, cfg.ppo_epochs, cfg.shuffle, mini_size):
-            stats = self._accumulate(mini, cfg.ppo_micro_batch_size or mini_size)
+            stats = self._accumulate(
+                mini, cfg.ppo_micro_batch_size or mini_size, old_log_probs_from_update
+            )
             grad_norm, stepped = clip_and_step(self.params, self.optimizer, cfg.grad_clip)
             skipped += not stepped
             stats["actor/grad_norm"] = grad_norm
@@ -111,17 +188,31 @@ class ActorWorker(TrainableWorker):
         metrics["actor/skipped_steps"] = torch.tensor(float(skipped))
         return metrics
 
-    def _accumulate(self, mini: Batch, micro_size: int) -> dict[str, torch.Tensor]:
-        """Forward and backward every micro-batch of ``mini``; return its metrics."""
+    def _accumulate(
+        self, mini: Batch, micro_size: int, own_old_log_probs: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """Forward and backward every micro-batch of ``mini``; return its metrics.
+
+        ``own_old_log_probs``: the old log-probs are this forward's own, detached.
+        """
         cfg = self.cfg
-        norm = AggNorm.from_mask(mini["response_mask"], loss_scale_factor=self.max_response_length)
+        mask_key = "loss_mask" if "loss_mask" in mini else "response_mask"
+        norm = AggNorm.from_mask(mini[mask_key], loss_scale_factor=self.max_response_length)
         stats: dict[str, torch.Tensor] = defaultdict(int)  # tensors on the model's device
         for micro in mini.split(micro_size):
-            mask = micro["response_mask"]
-            log_prob, entropy = forward_log_probs(
-                self.model, micro, self.temperature, with_entropy=True
-            )
-            old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
+            mask = micro[mask_key]
+            kld = None
+            if self.full_kl:
+                log_prob, entropy, kld = forward_log_probs_and_kl(
+                    self.model, self.reference, micro, self.temperature, with_entropy=True
+                )
+            else:
+                log_prob, entropy = forward_log_probs(
+                    self.model, micro, self.temperature, with_entropy=True
+                )
+                if cfg.use_kl_loss:
+                    kld = kl_penalty(log_prob, micro["ref_log_probs"], cfg.kl_loss_type)
+            old = log_prob.detach() if own_old_log_probs else micro["old_log_probs"]
             pg_loss, pg_metrics = self.loss_fn(
                 old,
                 log_prob,
@@ -136,8 +227,7 @@ class ActorWorker(TrainableWorker):
             loss = pg_loss
             if cfg.entropy_coeff:
                 loss = loss - cfg.entropy_coeff * entropy_loss
-            if cfg.use_kl_loss:
-                kld = kl_penalty(log_prob, micro["ref_log_probs"], cfg.kl_loss_type)
+            if kld is not None:
                 kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, norm)
                 loss = loss + cfg.kl_loss_coef * kl_loss
                 stats["actor/kl_loss"] = stats["actor/kl_loss"] + kl_loss.detach()
@@ -150,3 +240,14 @@ class ActorWorker(TrainableWorker):
             for name, value in pg_metrics.items():
                 stats[f"actor/{name}"] = stats[f"actor/{name}"] + share * value
         return dict(stats)
+
+
+def _check_loss_mask(loss_mask: torch.Tensor, response_mask: torch.Tensor) -> None:
+    """A ``loss_mask`` is bool, shaped like ``response_mask``, and True only inside it."""
+    if loss_mask.dtype != torch.bool or loss_mask.shape != response_mask.shape:
+        raise ValueError(
+            f"loss_mask must be bool {tuple(response_mask.shape)} like response_mask, got "
+            f"{loss_mask.dtype} {tuple(loss_mask.shape)}"
+        )
+    if (loss_mask & ~response_mask.bool()).any():
+        raise ValueError("loss_mask is True outside response_mask: it must be a subset of it")

@@ -1,8 +1,10 @@
-"""The optimizer and learning-rate schedule shared by the actor and the critic.
+"""The optimizer and learning-rate schedule shared by the actor, the critic and SFT.
 
 AdamW over the trainable parameters, linear warmup, then a constant or cosine schedule, as
 verl's ``optim`` section describes. The schedule advances once per training step (one
 ``update_*`` call), not per mini-batch, so ``lr_warmup_steps`` counts steps as verl does.
+``TrainableWorker`` holds a model with both; ``ActorWorker``, ``CriticWorker`` and
+``SFTWorker`` add their losses.
 """
 
 from __future__ import annotations
@@ -96,8 +98,8 @@ def clip_and_step(
 
 
 class TrainableWorker:
-    """What the actor and the critic share: a model, its optimizer and schedule, the RNG that
-    shuffles mini-batches, and their checkpoint state.
+    """What the actor, the critic and SFT share: a model, its optimizer and schedule, the RNG
+    that shuffles mini-batches, and their checkpoint state.
 
     Args:
         model: the module trained.
@@ -112,6 +114,11 @@ class TrainableWorker:
         self.optimizer = build_optimizer(self.params, optim)
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
         self.generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next optimizer step."""
+        return self.scheduler.get_last_lr()[0]
 
     def mini_batches(self, batch, epochs: int, shuffle: bool, size: int):
         """``epochs`` passes over ``batch`` in pieces of ``size`` rows, in train mode.
@@ -132,7 +139,7 @@ class TrainableWorker:
         """Advance the schedule; metrics averaged over optimizer steps, plus ``<prefix>/lr``."""
         self.scheduler.step()
         metrics = {k: torch.stack([v.float() for v in vs]).mean() for k, vs in totals.items()}
-        metrics[f"{prefix}/lr"] = torch.tensor(self.scheduler.get_last_lr()[0])
+        metrics[f"{prefix}/lr"] = torch.tensor(self.lr)
         return metrics
 
     def state_dict(self) -> dict:

@@ -5,7 +5,8 @@ float | dict`` (a dict holds ``"score"`` plus extra per-sample values such as ``
 ``SCORERS`` is the table from ``data_source`` to scorer; a dataset's own names (verl's
 ``openai/gsm8k``, ``lighteval/MATH``, Logic-RL's ``kk_logic``...) are listed next to ours,
 so verl's preprocessed parquet files score without a custom function; `get_scorer` looks a
-name up and raises a ``ValueError`` listing the valid ones.
+name up and raises a ``ValueError`` listing the valid ones. Every built-in scorer needs a
+ground truth: ``None`` (a row without ``reward_model.ground_truth``) is an error, not a 0.
 
 Choice: a plain read-only mapping rather than ``lmrl.algos.registry.Registry``, because this
 module is what reward worker processes import and ``lmrl.algos`` imports torch (a second and
@@ -60,15 +61,26 @@ def get_scorer(data_source: str) -> Scorer:
         raise ValueError(f"unknown data_source {data_source!r}; valid names: {names}") from None
 
 
+def _scorer_with_truth(data_source: str, ground_truth: Any) -> Scorer:
+    fn = get_scorer(data_source)
+    if ground_truth is None:
+        raise ValueError(
+            f"no ground truth for data_source {data_source!r}: the built-in scorer needs the "
+            "row's reward_model.ground_truth"
+        )
+    return fn
+
+
 def default_compute_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> float | dict:
     """Score one response with the built-in scorer of its ``data_source`` (verl's signature).
 
     Raises:
-        ValueError: no scorer is registered for ``data_source`` (the message lists them).
+        ValueError: no scorer is registered for ``data_source`` (the message lists them), or
+            ``ground_truth`` is None.
     """
-    return get_scorer(data_source)(solution_str, ground_truth, extra_info)
+    return _scorer_with_truth(data_source, ground_truth)(solution_str, ground_truth, extra_info)
 
 
 class BuiltinScorer:
@@ -90,7 +102,7 @@ class BuiltinScorer:
     def __call__(
         self, data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
     ) -> float | dict:
-        fn = get_scorer(data_source)
+        fn = _scorer_with_truth(data_source, ground_truth)
         return fn(solution_str, ground_truth, extra_info, **self.options.get(data_source, {}))
 
     def __repr__(self) -> str:

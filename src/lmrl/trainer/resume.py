@@ -1,0 +1,199 @@
+"""Where a run starts: its directory, the checkpoint it resumes from, and what changed since.
+
+Decided before any model loads, so a bad directory or a refused resume costs one line and no
+wait. The rules:
+
+- The run directory must be creatable and writable; the check leaves nothing behind.
+- ``trainer.resume_mode``: ``auto`` (the newest complete checkpoint of the run directory, if
+  any), ``disable`` (start fresh), or a checkpoint path (it must exist and be complete).
+- Resuming with settings that differ from the run's ``config.yaml`` is refused, naming each
+  changed key with its old and new value, unless ``trainer.allow_config_change=true``; then
+  the new settings apply in full and the old file is kept as ``config.step<N>.yaml`` once the
+  run starts. Keys that steer the run without changing what it computes (its length, how often
+  it saves, validates and logs, the workers that score) may change freely.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lmrl.config import Config, config_to_dict
+from lmrl.errors import CheckpointError
+from lmrl.trainer.checkpoint import check_checkpoint, latest_checkpoint
+
+# keys a resumed run may change without trainer.allow_config_change
+FREE_TO_CHANGE = (
+    "trainer.total_epochs",
+    "trainer.total_training_steps",
+    "trainer.save_freq",
+    "trainer.test_freq",
+    "trainer.val_before_train",
+    "trainer.resume_mode",
+    "trainer.max_ckpt_to_keep",
+    "trainer.logger",
+    "trainer.log_generations_freq",
+    "trainer.allow_config_change",
+    "trainer.project_name",
+    "trainer.default_local_dir",
+    "trainer.device",
+    "trainer.experiment_name",
+    "reward.num_workers",
+    "reward.timeout_s",
+    "reward.max_error_fraction",
+    "data.val_files",
+    "data.val_batch_size",
+    "rollout.val_kwargs.",
+)
+
+
+def check_run_dir(path: Path) -> None:
+    """Raise ``CheckpointError`` (one line) unless ``path`` can be created and written to.
+
+    Probes by creating the missing directories and a temporary file, then removes what it
+    made: a launch that fails later leaves no empty run directory behind.
+    """
+    path = Path(path)
+    missing = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    if not probe.is_dir():
+        raise CheckpointError(
+            f"trainer.default_local_dir={path}: {probe} is a file, not a directory"
+        )
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".lmrl-write-test"):
+            pass
+    except OSError as err:
+        raise CheckpointError(
+            f"trainer.default_local_dir={path} is not writable: {err.strerror or err}"
+        ) from None
+    finally:
+        for d in missing:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+
+def resume_point(mode: str, run_dir: Path) -> Path | None:
+    """The checkpoint ``trainer.resume_mode`` names, or None to start fresh.
+
+    Raises:
+        CheckpointError: a path that does not exist or is not a complete checkpoint.
+    """
+    if mode == "disable":
+        return None
+    if mode == "auto":
+        return latest_checkpoint(run_dir)
+    path = Path(mode)
+    if not path.exists():
+        raise CheckpointError(f"trainer.resume_mode={mode}: does not exist")
+    problem = check_checkpoint(path)
+    if problem:
+        raise CheckpointError(f"trainer.resume_mode={mode}: not a usable checkpoint: {problem}")
+    return path
+
+
+def _leaves(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        out: dict[str, Any] = {}
+        for key, value in tree.items():
+            out |= _leaves(value, f"{prefix}{key}.")
+        return out
+    return {prefix[:-1]: tree}
+
+
+def config_changes(saved: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """``(key, old, new)`` for every setting that differs, except the free-to-change ones."""
+    old_leaves, new_leaves = _leaves(saved), _leaves(new)
+    changes = []
+    for key in sorted(old_leaves.keys() | new_leaves.keys()):
+        if any(key == f or (f.endswith(".") and key.startswith(f)) for f in FREE_TO_CHANGE):
+            continue
+        old, value = old_leaves.get(key), new_leaves.get(key)
+        if old != value:
+            changes.append((key, old, value))
+    return changes
+
+
+def check_config_change(cfg: Config, checkpoint: Path) -> list[tuple[str, Any, Any]]:
+    """Compare ``cfg`` with the ``config.yaml`` beside ``checkpoint``.
+
+    Returns:
+        The changes (empty when none, or when there is no saved config to compare with).
+    Raises:
+        CheckpointError: settings changed and ``trainer.allow_config_change`` is false.
+    """
+    saved_path = Path(checkpoint).parent / "config.yaml"
+    if not saved_path.is_file():
+        return []
+    try:
+        saved = yaml.safe_load(saved_path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise CheckpointError(f"{saved_path}: unreadable ({err})") from None
+    new = yaml.safe_load(yaml.safe_dump(config_to_dict(cfg)))  # as config.yaml holds it
+    changes = config_changes(saved, new)
+    if changes and not cfg.trainer.allow_config_change:
+        lines = "\n".join(f"  {key}: {old!r} -> {new!r}" for key, old, new in changes)
+        raise CheckpointError(
+            f"resuming {checkpoint} with settings that differ from {saved_path}:\n{lines}\n"
+            "Resume with the saved settings, start a new run (trainer.resume_mode=disable or "
+            "another trainer.default_local_dir), or set trainer.allow_config_change=true to "
+            "apply the new settings."
+        )
+    return changes
+
+
+def load_trainable_state(worker, state: dict) -> None:
+    """Load a trainable worker's optimizer, schedule and RNG state, the config's
+    hyperparameters winning over the checkpoint's.
+
+    The checkpoint restores the moments, step counts and schedule position; the learning rate,
+    betas and weight decay are the ones the worker was built with, so a resume with
+    ``trainer.allow_config_change`` really trains at the new lr (param groups and schedule).
+    Without a change the values are the same ones, bit for bit.
+    """
+    optimizer, scheduler = worker.optimizer, worker.scheduler
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    base_lrs = list(scheduler.base_lrs)
+    worker.load_state_dict(state)
+    scheduler.base_lrs = base_lrs
+    for group, hyper, base, factor in zip(
+        optimizer.param_groups, fresh, base_lrs, scheduler.lr_lambdas, strict=True
+    ):
+        group.update(hyper)
+        group["lr"] = base * factor(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+
+
+def keep_old_config(run_dir: Path, step: int) -> Path | None:
+    """Rename ``config.yaml`` to ``config.step<step>.yaml`` (numbered further if taken)."""
+    current = Path(run_dir) / "config.yaml"
+    if not current.is_file():
+        return None
+    target = current.with_name(f"config.step{step}.yaml")
+    n = 1
+    while target.exists():
+        n += 1
+        target = current.with_name(f"config.step{step}.{n}.yaml")
+    os.replace(current, target)
+    return target
+
+
+__all__ = [
+    "FREE_TO_CHANGE",
+    "check_config_change",
+    "check_run_dir",
+    "config_changes",
+    "keep_old_config",
+    "load_trainable_state",
+    "resume_point",
+]

@@ -1,0 +1,356 @@
+"""``build_run(cfg)``: a run's parts, assembled once, in the order that fails cheapest first.
+
+The trainer runs the step over these parts and never builds anything itself, so the step can
+be tested with fake parts and a distributed backend can hand in worker groups instead of
+in-process workers. Order: the run directory and the resume decision (no model loaded yet),
+the tokenizer and data, the models and workers, the rollout engine, the reward manager (which
+checks every data source and ground truth against its scorers), the trackers last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from lmrl.algos import advantage_estimators, make_kl_controller
+from lmrl.config import Config, ConfigError, config_to_dict
+from lmrl.config.schema import FilterGroupsConfig, RolloutCorrectionConfig
+from lmrl.data import PromptSampler, RLDataset
+from lmrl.logging import make_trackers
+from lmrl.models import (
+    apply_lora,
+    build_reference,
+    load_causal_lm,
+    load_tokenizer,
+    resolve_device,
+)
+from lmrl.models.critic import load_critic
+from lmrl.rewards import load_reward_fn, make_reward_manager
+from lmrl.rollout import SamplingParams, build_engine
+from lmrl.trainer.checkpoint import load_model_state
+from lmrl.trainer.resume import check_config_change, check_run_dir, resume_point
+from lmrl.trainer.stages import validate
+from lmrl.workers.actor import ActorWorker
+from lmrl.workers.critic import CriticWorker
+from lmrl.workers.reference import ReferenceWorker
+
+log = logging.getLogger("lmrl.trainer")
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the step needs from the config, decided once (the step never reads the config).
+
+    Attributes:
+        n: samples per prompt.
+        train_batch_size: prompts per step (groups kept, under dynamic sampling).
+        max_response_length: tokens generated at most per sample.
+        sampling: training sampling; the step adds a seed per (step, generation round).
+        greedy: one greedy sample per prompt (ReMax's baseline).
+        val_sampling, val_n, val_batch_size: validation sampling, samples per prompt, and
+            prompts per generation call (None = all).
+        log_prob_mode: ``decoupled``, ``bypass`` or ``rollout_correction``.
+        correction: the rollout-correction settings.
+        estimator: the advantage estimator with its hyperparameters bound.
+        estimator_needs: batch keys the estimator reads beyond rewards and mask.
+        kl_penalty: the KL estimator of KL-in-reward.
+        filter_groups: DAPO dynamic sampling.
+        update_rows: rows of one actor mini-batch when the update is a single pass (one epoch,
+            and the update's first forward sees the weights the rollout saw); 0 otherwise.
+        critic_warmup: steps that update only the critic.
+        seed: the run's seed.
+    """
+
+    n: int
+    train_batch_size: int
+    max_response_length: int
+    sampling: SamplingParams
+    greedy: SamplingParams
+    val_sampling: SamplingParams
+    val_n: int
+    val_batch_size: int | None
+    log_prob_mode: str
+    correction: RolloutCorrectionConfig
+    estimator: Callable
+    estimator_needs: frozenset[str]
+    kl_penalty: str
+    filter_groups: FilterGroupsConfig
+    update_rows: int
+    critic_warmup: int
+    seed: int
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> StepPlan:
+        r, a, vk = cfg.rollout, cfg.algorithm, cfg.rollout.val_kwargs
+        stop = list(r.stop)
+        length = cfg.data.max_response_length
+        single_pass = (
+            cfg.actor.ppo_epochs == 1 and r.log_prob_mode == "decoupled" and not a.use_kl_in_reward
+        )
+        return cls(
+            n=r.n,
+            train_batch_size=cfg.data.train_batch_size,
+            max_response_length=length,
+            sampling=SamplingParams(
+                temperature=r.temperature,
+                top_p=r.top_p,
+                top_k=r.top_k,
+                max_new_tokens=length,
+                do_sample=r.do_sample,
+                stop=stop,
+            ),
+            greedy=SamplingParams(
+                do_sample=False, max_new_tokens=length, temperature=r.temperature, stop=stop
+            ),
+            val_sampling=SamplingParams(
+                temperature=vk.temperature if vk.do_sample else (vk.temperature or 1.0),
+                top_p=vk.top_p,
+                top_k=vk.top_k,
+                max_new_tokens=length,
+                do_sample=vk.do_sample,
+                stop=stop,
+                seed=cfg.trainer.seed,
+            ),
+            val_n=vk.n,
+            val_batch_size=cfg.data.val_batch_size,
+            log_prob_mode=r.log_prob_mode,
+            correction=r.correction,
+            estimator=functools.partial(
+                advantage_estimators.get(a.adv_estimator),
+                gamma=a.gamma,
+                lam=a.lam,
+                norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo,
+            ),
+            estimator_needs=frozenset(advantage_estimators.needs(a.adv_estimator)),
+            kl_penalty=a.kl_penalty,
+            filter_groups=a.filter_groups,
+            update_rows=cfg.actor.ppo_mini_batch_size * r.n if single_pass else 0,
+            critic_warmup=cfg.trainer.critic_warmup,
+            seed=cfg.trainer.seed,
+        )
+
+
+@dataclass(frozen=True)
+class RunParts:
+    """Everything a run is made of. ``None`` marks a part the run does not use.
+
+    Attributes:
+        config: the resolved config the parts were built from (written as ``config.yaml``
+            once the run starts).
+        plan: the step's settings.
+        run_dir: the run directory.
+        resume_from: the checkpoint to resume from, or None for a fresh start.
+        config_changes: ``(key, old, new)`` accepted with ``trainer.allow_config_change``.
+        tokenizer: the policy's tokenizer.
+        train_data, sampler: training prompts and their resumable order (None for eval).
+        val_data: validation prompts, or None.
+        policy: the actor's model (the ``hf`` engine generates with this very module).
+        actor, critic, reference: the workers (critic and reference when used).
+        engine: the rollout engine.
+        reward: the reward manager.
+        kl_ctrl: the KL-in-reward controller, when ``algorithm.use_kl_in_reward``.
+        trackers: the loggers (None for eval).
+        total_steps: training steps of the whole run.
+    """
+
+    config: Config
+    plan: StepPlan
+    run_dir: Path
+    resume_from: Path | None
+    config_changes: list[tuple[str, Any, Any]]
+    tokenizer: Any
+    train_data: RLDataset | None
+    sampler: PromptSampler | None
+    val_data: RLDataset | None
+    policy: torch.nn.Module
+    actor: ActorWorker | None
+    critic: CriticWorker | None
+    reference: ReferenceWorker | None
+    engine: Any
+    reward: Any
+    kl_ctrl: Any
+    trackers: Any
+    total_steps: int
+
+    def close(self) -> None:
+        """Stop the reward workers and close the trackers (safe to call twice)."""
+        self.reward.close()
+        if self.trackers is not None:
+            self.trackers.close()
+
+
+def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunParts:
+    """Assemble a run from a resolved config.
+
+    Args:
+        cfg: from ``lmrl.config.load_config`` (validated).
+        purpose: ``train`` builds everything; ``eval`` builds only what validation needs
+            (policy, engine, reward, validation data) and writes nothing.
+    Raises:
+        lmrl.errors.LmrlError: the run directory, the checkpoint, a changed config, the data,
+            the model or the reward function, each naming what to fix.
+    """
+    train = purpose == "train"
+    run_dir = Path(cfg.trainer.default_local_dir)
+    resume_from, changes = None, []
+    if train:
+        check_run_dir(run_dir)
+        resume_from = resume_point(cfg.trainer.resume_mode, run_dir)
+        if resume_from is not None:
+            changes = check_config_change(cfg, resume_from)
+    seed_everything(cfg.trainer.seed)
+    device = resolve_device(cfg.trainer.device)
+    tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
+    train_data = _dataset(cfg, cfg.data.train_files, tokenizer) if train else None
+    val_data = _dataset(cfg, cfg.data.val_files, tokenizer) if cfg.data.val_files else None
+    sampler, total_steps = None, 0
+    if train_data is not None:
+        fg = cfg.algorithm.filter_groups
+        sampler = PromptSampler(
+            len(train_data),
+            (cfg.data.gen_batch_size if fg.enable else None) or cfg.data.train_batch_size,
+            seed=cfg.data.seed,
+            shuffle=cfg.data.shuffle,
+        )
+        per_epoch = len(train_data) // cfg.data.train_batch_size
+        total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs
+
+    policy = load_causal_lm(
+        cfg.model.path, dtype=cfg.model.dtype, device=device,
+        trust_remote_code=cfg.model.trust_remote_code,
+        gradient_checkpointing=cfg.model.enable_gradient_checkpointing and train,
+    )  # fmt: skip
+    if cfg.model.lora_rank > 0:
+        policy = apply_lora(policy, cfg.model.lora_rank, cfg.model.lora_alpha,
+                            cfg.model.target_modules)  # fmt: skip
+    actor = critic = reference = None
+    if train:
+        # built before any update: a frozen copy of the initial policy, or LoRA disabled
+        if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+            reference = ReferenceWorker(
+                build_reference(policy),
+                cfg.ref.log_prob_micro_batch_size,
+                cfg.rollout.temperature,
+            )
+        actor = ActorWorker(
+            policy, cfg.actor, rollout_n=cfg.rollout.n,
+            max_response_length=cfg.data.max_response_length,
+            temperature=cfg.rollout.temperature,
+            log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size,
+            total_steps=total_steps, seed=cfg.trainer.seed,
+            reference=reference.reference if reference is not None else None,
+        )  # fmt: skip
+        if not (cfg.algorithm.use_kl_in_reward or (cfg.actor.use_kl_loss and not actor.full_kl)):
+            reference = None  # the full KL runs the reference inside the update: no ref stage
+        if cfg.critic.enable:
+            critic_model = load_critic(
+                cfg.critic.model.path, dtype=cfg.model.dtype, device=device,
+                trust_remote_code=cfg.model.trust_remote_code,
+                gradient_checkpointing=cfg.critic.model.enable_gradient_checkpointing,
+            )  # fmt: skip
+            critic = CriticWorker(
+                critic_model, cfg.critic, rollout_n=cfg.rollout.n,
+                max_response_length=cfg.data.max_response_length,
+                total_steps=total_steps, seed=cfg.trainer.seed,
+            )  # fmt: skip
+    engine = build_engine(cfg.rollout.name, policy, tokenizer, seed=cfg.trainer.seed)
+    reward = _reward_manager(cfg, tokenizer)
+    try:
+        for data in (train_data, val_data):
+            if data is not None:
+                reward.check_dataset(data)
+        kl = cfg.algorithm.kl_ctrl
+        kl_ctrl = (
+            make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+            if train and cfg.algorithm.use_kl_in_reward
+            else None
+        )
+        trackers = None
+        if train:
+            trackers = make_trackers(
+                cfg.trainer.logger, run_dir, cfg.trainer.project_name,
+                cfg.trainer.experiment_name, config_dict=config_to_dict(cfg),
+                total_steps=total_steps, start_step=_step_of(resume_from),
+            )  # fmt: skip
+    except BaseException:
+        reward.close()
+        raise
+    return RunParts(
+        config=cfg, plan=StepPlan.from_config(cfg), run_dir=run_dir, resume_from=resume_from,
+        config_changes=changes, tokenizer=tokenizer, train_data=train_data, sampler=sampler,
+        val_data=val_data, policy=policy, actor=actor, critic=critic, reference=reference,
+        engine=engine, reward=reward, kl_ctrl=kl_ctrl, trackers=trackers,
+        total_steps=total_steps,
+    )  # fmt: skip
+
+
+def evaluate(cfg: Config, checkpoint: Path) -> dict[str, float]:
+    """``lmrl eval``: validation of ``checkpoint``'s policy, on the parts alone.
+
+    Builds what validation needs (nothing is written), loads the checkpoint's actor weights
+    and validates; the reward workers are stopped whatever happens.
+
+    Raises:
+        lmrl.errors.ConfigError: the config has no ``data.val_files``.
+    """
+    if not cfg.data.val_files:
+        raise ConfigError("no validation data: set data.val_files=...")
+    parts = build_run(cfg, purpose="eval")
+    try:
+        load_model_state(parts.policy, Path(checkpoint) / "actor.safetensors")
+        return validate(parts)
+    finally:
+        parts.close()
+
+
+def _step_of(checkpoint: Path | None) -> int:
+    return int(checkpoint.name.rsplit("_", 1)[1]) if checkpoint is not None else 0
+
+
+def _dataset(cfg: Config, files, tokenizer) -> RLDataset:
+    d = cfg.data
+    return RLDataset(
+        files, tokenizer, prompt_key=d.prompt_key, reward_fn_key=d.reward_fn_key,
+        max_prompt_length=d.max_prompt_length, filter_overlong_prompts=d.filter_overlong_prompts,
+        truncation=d.truncation,
+    )  # fmt: skip
+
+
+def _reward_manager(cfg: Config, tokenizer):
+    r = cfg.reward
+    custom = r.custom_reward_function
+    reward_fns = (
+        load_reward_fn(custom.path, custom.name, kwargs=custom.reward_kwargs)
+        if custom.path
+        else None
+    )
+    options = {}
+    if r.manager == "dapo":
+        options = {
+            "overlong_buffer": dataclasses.asdict(r.overlong_buffer),
+            "max_response_length": cfg.data.max_response_length,
+        }
+    return make_reward_manager(
+        r.manager, tokenizer, reward_fns=reward_fns, num_workers=r.num_workers,
+        timeout_s=r.timeout_s, reward_fn_key=cfg.data.reward_fn_key,
+        max_error_fraction=r.max_error_fraction, **options,
+    )  # fmt: skip
+
+
+__all__ = ["RunParts", "StepPlan", "build_run", "evaluate", "seed_everything"]

@@ -1,0 +1,167 @@
+"""Stages 1-2 of the step, rollout and reward, with DAPO dynamic sampling; and validation.
+
+Free functions over a run's parts (:class:`lmrl.trainer.run.RunParts`), so the trainer's step
+stays the numbered pipeline and ``lmrl eval`` validates without a trainer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+import torch
+
+from lmrl.batch import Batch
+from lmrl.trainer.metrics import StageTimer
+from lmrl.trainer.validation import validation_metrics
+
+log = logging.getLogger("lmrl.trainer")
+
+
+def rollout_and_score(parts, step: int, timer: StageTimer, metrics: dict) -> Batch:
+    """Generate ``n`` responses per prompt and score them (stages 1-2).
+
+    With ``algorithm.filter_groups`` (DAPO dynamic sampling), groups whose responses all have
+    the same filter metric are dropped and more prompts are generated until
+    ``data.train_batch_size`` groups are kept or ``max_num_gen_batches`` is hit.
+
+    Args:
+        parts: the run's parts (engine, reward, train data and sampler, plan).
+        step: the global step (0-based) this batch is for; seeds the sampling, so a resumed
+            run samples the same responses.
+        timer: the step's stage timer.
+        metrics: the step's metrics, added to.
+    """
+    plan = parts.plan
+    fg, n, target = plan.filter_groups, plan.n, plan.train_batch_size
+    kept: list[Batch] = []
+    kept_groups, gen_batches, total_groups = 0, 0, 0
+    while True:
+        prompts = parts.train_data.get_batch(parts.sampler.next_batch())
+        seed = plan.seed + 1_000_003 * step + gen_batches  # one per (step, generation round)
+        with timer("gen"):
+            batch = parts.engine.generate(prompts, n, dataclasses.replace(plan.sampling, seed=seed))
+        if "reward_baselines" in plan.estimator_needs:
+            with timer("gen_baseline"):
+                batch["reward_baselines"] = greedy_baseline(parts, prompts)
+        with timer("reward"):
+            extras = score(parts.reward, batch, metrics)
+        if not fg.enable:
+            return batch
+        gen_batches += 1
+        groups = len(batch) // n
+        total_groups += groups
+        value = filter_metric(batch, extras, fg.metric).reshape(groups, n)
+        spread = value.max(axis=1) > value.min(axis=1)
+        keep = np.repeat(spread, n)
+        if keep.any():
+            kept.append(batch.index(keep))
+            kept_groups += int(spread.sum())
+        if kept_groups >= target or 0 < fg.max_num_gen_batches <= gen_batches:
+            break
+    metrics["filter_groups/gen_batches"] = float(gen_batches)
+    metrics["filter_groups/kept_fraction"] = kept_groups / max(total_groups, 1)
+    if not kept:
+        log.warning(
+            "filter_groups: every group had zero spread in %d generation batches; "
+            "training on the last batch unfiltered",
+            gen_batches,
+        )
+        return batch
+    return concat_rollouts(kept, parts.engine.pad_id).index(slice(0, target * n))
+
+
+def greedy_baseline(parts, prompts: Batch) -> torch.Tensor:
+    """ReMax's baseline: the reward of one greedy response per prompt, repeated n times."""
+    baseline = parts.engine.generate(prompts, 1, parts.plan.greedy)
+    scores = parts.reward(baseline).token_level_scores.sum(-1)
+    return scores.repeat_interleave(parts.plan.n)
+
+
+def score(reward, batch: Batch, metrics: dict) -> dict[str, np.ndarray]:
+    """Write ``token_level_scores`` into ``batch``; add the manager's extras and counters to
+    ``metrics``; return the extras (per-sample arrays)."""
+    result = reward(batch)
+    batch["token_level_scores"] = result.token_level_scores.to(batch["responses"].device)
+    for key, value in result.extras.items():
+        finite = np.asarray(value, dtype=np.float64)
+        finite = finite[np.isfinite(finite)]
+        if finite.size:
+            metrics[f"reward/{key}/mean"] = float(finite.mean())
+    for key, value in result.metrics.items():
+        metrics[key] = metrics.get(key, 0.0) + float(value)
+    return result.extras
+
+
+def filter_metric(batch: Batch, extras: dict[str, np.ndarray], name: str) -> np.ndarray:
+    """The per-sample value dynamic sampling compares within a group."""
+    if name in ("seq_reward", "seq_final_reward"):
+        return batch["token_level_scores"].sum(-1).double().cpu().numpy()
+    if name not in extras:
+        raise ValueError(
+            f"algorithm.filter_groups.metric={name!r} is not a score extra; "
+            f"valid: seq_reward, seq_final_reward, {', '.join(sorted(extras))}"
+        )
+    return np.nan_to_num(np.asarray(extras[name], dtype=np.float64))
+
+
+def validate(parts) -> dict[str, float]:
+    """Generate on the validation prompts with ``rollout.val_kwargs`` and score them.
+
+    Returns:
+        Per data source ``val/<source>/mean@k``, ``pass@k``, ``reward/mean`` and ``acc``
+        (when the scorer reports one), ``k = val_kwargs.n``; empty without validation data.
+    """
+    data, plan = parts.val_data, parts.plan
+    if data is None:
+        return {}
+    size = plan.val_batch_size or len(data)
+    sources, uids, scores, accs = [], [], [], []
+    for start in range(0, len(data), size):
+        indices = list(range(start, min(start + size, len(data))))
+        out = parts.engine.generate(data.get_batch(indices), plan.val_n, plan.val_sampling)
+        result = parts.reward(out)
+        sources += list(out["data_source"])
+        uids += list(out["uid"])
+        scores += result.token_level_scores.sum(-1).tolist()
+        accs += list(result.extras["acc"]) if "acc" in result.extras else []
+    return validation_metrics(sources, uids, scores, accs or None, k=plan.val_n)
+
+
+def concat_rollouts(batches: list[Batch], pad_id: int) -> Batch:
+    """Concatenate rollout batches whose prompt and response widths differ.
+
+    Prompts are left-padded and responses right-padded to the widest; ``input_ids``,
+    ``attention_mask`` and ``position_ids`` are rebuilt from them; the other (N, T) tensors
+    are right-padded with zeros (False for masks).
+    """
+    width_p = max(b["prompts"].shape[1] for b in batches)
+    width_t = max(b["responses"].shape[1] for b in batches)
+    rebuilt = ("prompts", "input_ids", "attention_mask", "position_ids")
+    aligned = []
+    for b in batches:
+        p, t = b["prompts"].shape[1], b["responses"].shape[1]
+        out = b.select(*b.keys())
+        prompt_mask = _pad(b["attention_mask"][:, :p], width_p, False, left=True)
+        out["prompts"] = _pad(b["prompts"], width_p, pad_id, left=True)
+        for key in b.tensor_keys():
+            x = b[key]
+            if key not in rebuilt and x.dim() == 2 and x.shape[1] == t:
+                out[key] = _pad(x, width_t, pad_id if key == "responses" else 0)
+        attention = torch.cat([prompt_mask, out["response_mask"]], dim=1)
+        out["input_ids"] = torch.cat([out["prompts"], out["responses"]], dim=1)
+        out["attention_mask"] = attention
+        out["position_ids"] = (attention.long().cumsum(-1) - 1).clamp(min=0)
+        aligned.append(out)
+    return Batch.concat(aligned)
+
+
+def _pad(x: torch.Tensor, width: int, value, left: bool = False) -> torch.Tensor:
+    """Pad a (N, L) tensor to (N, width) with ``value``, on the right (or the left)."""
+    fill = torch.full((x.shape[0], width - x.shape[1]), value, dtype=x.dtype, device=x.device)
+    return torch.cat([fill, x] if left else [x, fill], dim=1)
+
+
+__all__ = ["concat_rollouts", "filter_metric", "greedy_baseline", "rollout_and_score", "score",
+           "validate"]  # fmt: skip

@@ -1,0 +1,41 @@
+"""The reference worker: ``ref_log_probs`` of a batch under the frozen reference policy.
+
+It wraps a :class:`lmrl.models.Reference` (a frozen copy of the initial actor, a model from
+``ref.path``, or the LoRA actor with its adapter disabled) and sizes its own forward passes
+(``ref.log_prob_micro_batch_size`` rows, all of them when unset). Like the actor and the
+critic it is a plain class: the local backend calls it in-process.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lmrl.batch import Batch
+from lmrl.models.reference import Reference
+
+
+class ReferenceWorker:
+    """Log-probs of the responses under the reference policy.
+
+    Args:
+        reference: the reference model (see ``lmrl.models.build_reference``).
+        micro_batch_size: rows per forward pass; None = the whole batch at once.
+        temperature: the sampling temperature; log-probs are of ``logits / temperature``,
+            as the actor's are, so the KL compares like with like.
+    """
+
+    def __init__(
+        self, reference: Reference, micro_batch_size: int | None, temperature: float
+    ) -> None:
+        self.reference = reference
+        self.micro_batch_size = micro_batch_size
+        self.temperature = temperature
+
+    def compute_log_probs(self, batch: Batch) -> torch.Tensor:
+        """``ref_log_probs``: (B, T) log-probs of ``batch["responses"]``, no grad."""
+        micro = self.micro_batch_size or len(batch)
+        log_probs, _ = self.reference.compute_log_probs(batch, micro, self.temperature)
+        return log_probs
+
+
+__all__ = ["ReferenceWorker"]
