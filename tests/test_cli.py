@@ -203,7 +203,7 @@ TABLE = [
         "vllm-without-the-extra",
         train("actor_rollout_ref.rollout.name=vllm"),
         2,
-        ("rollout.name=vllm: the vllm engine needs the [vllm] extra", "rollout.name=hf"),
+        ("rollout.name=vllm: the vllm engine needs vLLM", "rollout.name=hf"),
     ),
     Row(
         "ray-backend",

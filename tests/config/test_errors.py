@@ -296,7 +296,7 @@ def test_vllm_without_the_extra_is_a_config_error(monkeypatch):
         importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
     )
     text = errors_of(["rollout.name=vllm"])
-    assert "rollout.name=vllm" in text and "needs the [vllm] extra" in text
+    assert "rollout.name=vllm" in text and "needs vLLM, which is not installed" in text
     assert "rollout.name=hf" in text
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lmrl.batch import Batch
+from lmrl.errors import LmrlError
 from lmrl.rollout import ENGINES, HFEngine, SamplingParams, build_engine, check_prompts
 
 
@@ -76,5 +77,5 @@ def test_engine_table(model, tokenizer):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a CPU-only machine")
 def test_vllm_needs_extra_and_cuda(model, tokenizer):
-    with pytest.raises(RuntimeError, match=r"the vllm engine needs the \[vllm\] extra and CUDA"):
+    with pytest.raises(LmrlError, match=r"the vllm engine needs vLLM and CUDA"):
         build_engine("vllm", model, tokenizer)

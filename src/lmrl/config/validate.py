@@ -487,8 +487,8 @@ class _Checks:
             )
         if c.rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
             self.errors.append(
-                "rollout.name=vllm: the vllm engine needs the [vllm] extra (pip install "
-                "'lmrl[vllm]' on a machine with a GPU), and vllm is not installed here; use "
+                "rollout.name=vllm: the vllm engine needs vLLM, which is not installed here "
+                "(and the engine is not part of this version of lmrl yet); use "
                 "rollout.name=hf"
             )
         if c.trainer.backend == "ray":

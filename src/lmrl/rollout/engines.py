@@ -12,6 +12,7 @@ import importlib.util
 from torch import nn
 
 from lmrl.algos.registry import Registry
+from lmrl.errors import LmrlError
 from lmrl.rollout.base import RolloutEngine
 from lmrl.rollout.hf import HFEngine
 
@@ -26,17 +27,17 @@ def _vllm_engine(model: nn.Module, tokenizer=None, **options) -> RolloutEngine:
     """The vLLM engine (GPU only, ``pip install lmrl[vllm]``).
 
     Raises:
-        RuntimeError: vLLM is not installed or CUDA is not available; or, where both are, that
+        LmrlError: vLLM is not installed or CUDA is not available; or, where both are, that
             this version of lmrl has no vLLM engine yet (use ``rollout.name=hf``).
     """
     import torch
 
     if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
-        raise RuntimeError(
-            "the vllm engine needs the [vllm] extra and CUDA (pip install 'lmrl[vllm]' on a "
-            "machine with a GPU); use rollout.name=hf on this machine"
+        raise LmrlError(
+            "the vllm engine needs vLLM and CUDA, and neither is available here; use "
+            "rollout.name=hf on this machine"
         )
-    raise RuntimeError("the vllm engine is not part of this version of lmrl; use rollout.name=hf")
+    raise LmrlError("the vllm engine is not part of this version of lmrl; use rollout.name=hf")
 
 
 def build_engine(name: str, model: nn.Module, tokenizer=None, **options) -> RolloutEngine:
