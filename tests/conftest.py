@@ -28,3 +28,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_workspace(tmp_path_factory):
+    """A tiny Qwen2 model (``model/``) and the digits task (``data/``: 16 train, 4 test rows),
+    built once per session; tests write their runs elsewhere (``tmp_path``) or under their own
+    names."""
+    from lmrl.data.tasks import write_task
+    from lmrl.models import build_tiny_model
+
+    root = tmp_path_factory.mktemp("workspace")
+    build_tiny_model(root / "model", arch="qwen2", size="tiny", seed=0)
+    write_task("digits", root / "data", seed=0, num_train=16, num_test=4)
+    return root

@@ -24,15 +24,9 @@ EXAMPLES = sorted((Path(__file__).parents[1] / "examples").glob("*.yaml"))
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
+def workspace(tiny_workspace) -> Path:
     """A tiny model and the digits task, so that the examples load against real paths."""
-    from lmrl.data.tasks import write_task
-    from lmrl.models import build_tiny_model
-
-    root = tmp_path_factory.mktemp("examples")
-    build_tiny_model(root / "model", arch="qwen2", size="tiny", seed=0)
-    write_task("digits", root / "data", seed=0, num_train=16, num_test=4)
-    return root
+    return tiny_workspace
 
 
 def _paths(root: Path) -> list[str]:

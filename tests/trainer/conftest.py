@@ -1,21 +1,11 @@
-"""Shared fixtures of the trainer tests: a tiny model and the digits task in a temp dir."""
+"""Shared fixtures of the trainer tests: the overrides of a tiny run (``tiny_workspace`` is in
+tests/conftest.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from lmrl.data.tasks import write_task
-from lmrl.models import build_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny_workspace(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("workspace")
-    build_tiny_model(root / "model", arch="qwen2", size="tiny", seed=0)
-    write_task("digits", root / "data", seed=0, num_train=16, num_test=4)
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,6 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lmrl.data.tasks import write_task
-from lmrl.models import build_tiny_model
 from lmrl.trainer.checkpoint import (
     check_checkpoint,
     latest_checkpoint,
@@ -29,10 +27,11 @@ STEPS = 6  # 16 prompts, 4 per step: the run crosses an epoch boundary after ste
 
 
 @pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Path:
+def workspace(tiny_workspace, tmp_path_factory) -> Path:
+    """The shared tiny model and data, with this module's runs in a directory of its own."""
     root = tmp_path_factory.mktemp("ckpt")
-    build_tiny_model(root / "model", arch="qwen2", size="tiny", seed=0)
-    write_task("digits", root / "data", seed=0, num_train=16, num_test=4)
+    for name in ("model", "data"):
+        (root / name).symlink_to(tiny_workspace / name)
     return root
 
 

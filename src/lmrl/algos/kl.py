@@ -28,6 +28,7 @@ from lmrl.algos.logprob import (
     _acc,
     _check_temperature,
     _chunk_logits,
+    _head_backward,
     _rows_per_chunk,
     full_kl_from_logits,
 )
@@ -87,7 +88,7 @@ def k3(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     return torch.clamp(kld, 0.0, _K3_OUTPUT_CLAMP)
 
 
-@kl_estimators.register("full")
+@kl_estimators.register("full", needs=("logits",))
 def full(log_prob: torch.Tensor, ref_log_prob: torch.Tensor) -> torch.Tensor:
     """Exact ``KL(pi || pi_ref) = sum_v pi_v (log pi_v - log pi_ref_v)`` over the vocabulary.
 
@@ -138,33 +139,18 @@ class _FullKLFromHidden(torch.autograd.Function):
         hidden, weight, bias, ref_hidden, ref_weight, ref_bias, lse, ref_lse, kl = ctx.saved_tensors
         bias = bias if ctx.has_bias else None
         ref_bias = ref_bias if ctx.has_ref_bias else None
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        n, temperature, rows = hidden.shape[0], ctx.temperature, ctx.rows
-        acc = _acc(weight)
-        grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
-        grad_b = torch.zeros_like(bias, dtype=acc) if need_b and bias is not None else None
-        for i in range(0, n, rows):
-            j = min(i + rows, n)
+        temperature = ctx.temperature
+
+        def grad_z(i: int, j: int) -> torch.Tensor:
             log_p = _chunk_logits(hidden[i:j], weight, bias, temperature).sub_(lse[i:j, None])
             log_q = _chunk_logits(ref_hidden[i:j], ref_weight, ref_bias, temperature)
             log_q.sub_(ref_lse[i:j, None])
             # p * (log p - log q - KL) * g / T, built in log_q's storage
             g = log_q.neg_().add_(log_p).sub_(kl[i:j, None]).mul_(log_p.exp_())
-            g.mul_(grad_kl[i:j, None] / temperature)
-            if grad_b is not None:
-                grad_b += g.sum(0)
-            g = g.to(weight.dtype)
-            if need_h:
-                grad_h[i:j] = g @ weight
-            if need_w:
-                grad_w.addmm_(g.t().to(acc), hidden[i:j].to(acc))
-        return (
-            grad_h,
-            grad_w.to(weight.dtype) if need_w else None,
-            grad_b.to(bias.dtype) if grad_b is not None else None,
-            None, None, None, None, None,
-        )  # fmt: skip
+            return g.mul_(grad_kl[i:j, None] / temperature)
+
+        grads = _head_backward(hidden, weight, bias, ctx.needs_input_grad[:3], ctx.rows, grad_z)
+        return (*grads, None, None, None, None, None)
 
 
 def full_kl_from_hidden(
@@ -233,7 +219,7 @@ def _kl_estimate(
     log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str, straight_through: bool
 ) -> torch.Tensor:
     check_same_shape(log_prob=log_prob, ref_log_prob=ref_log_prob)
-    if straight_through and kl_estimators.canonical(kind) == "full":
+    if straight_through and "logits" in kl_estimators.needs(kind):
         raise ValueError("straight_through applies to sampled-token estimators, not to 'full'")
     estimate = kl_estimators.get(kind)(log_prob, ref_log_prob)
     if not straight_through:

@@ -213,17 +213,11 @@ class _LogProbsFromHidden(torch.autograd.Function):
         bias = bias if ctx.has_bias else None
         if entropy.numel() == 0:
             grad_entropy = None
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        n, temperature, rows = hidden.shape[0], ctx.temperature, ctx.rows
-        grad_h = torch.empty_like(hidden) if need_h else None
-        # Summed over all chunks: accumulate in fp32, cast once at the end.
-        acc = _acc(weight)
-        grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
-        grad_b = torch.zeros_like(bias, dtype=acc) if need_b and bias is not None else None
-        for i in range(0, n, rows):
-            j = min(i + rows, n)
+        temperature = ctx.temperature
+
+        def grad_z(i: int, j: int) -> torch.Tensor:
             z = _chunk_logits(hidden[i:j], weight, bias, temperature)
-            g = _grad_z(
+            return _grad_z(
                 z,
                 labels[i:j],
                 lse[i:j],
@@ -232,22 +226,43 @@ class _LogProbsFromHidden(torch.autograd.Function):
                 grad_entropy[i:j] if grad_entropy is not None else None,
                 temperature,
             )
-            if grad_b is not None:
-                grad_b += g.sum(0)
-            g = g.to(weight.dtype)  # as autograd would cast it back through ``.float()``
-            if need_h:
-                grad_h[i:j] = g @ weight
-            if need_w:
-                grad_w.addmm_(g.t().to(acc), hidden[i:j].to(acc))
-        return (
-            grad_h,
-            grad_w.to(weight.dtype) if need_w else None,
-            grad_b.to(bias.dtype) if grad_b is not None else None,
-            None,
-            None,
-            None,
-            None,
-        )
+
+        grads = _head_backward(hidden, weight, bias, ctx.needs_input_grad[:3], ctx.rows, grad_z)
+        return (*grads, None, None, None, None)
+
+
+def _head_backward(hidden, weight, bias, needs, rows, grad_z):
+    """Gradients of ``hidden``, ``weight`` and ``bias`` of a linear head, chunk by chunk.
+
+    Args:
+        hidden: (N, H); weight: (V, H); bias: (V,) or None.
+        needs: ``ctx.needs_input_grad`` of the three.
+        rows: rows per chunk.
+        grad_z: ``grad_z(i, j)`` -> fp32 (j - i, V): d loss / d logits of rows ``i:j``.
+    Returns:
+        ``(grad_hidden, grad_weight, grad_bias)``, None where not needed. The weight and bias
+        gradients are summed over all chunks in fp32 and cast once at the end.
+    """
+    need_h, need_w, need_b = needs
+    acc = _acc(weight)
+    grad_h = torch.empty_like(hidden) if need_h else None
+    grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
+    grad_b = torch.zeros_like(bias, dtype=acc) if need_b and bias is not None else None
+    for i in range(0, hidden.shape[0], rows):
+        j = min(i + rows, hidden.shape[0])
+        g = grad_z(i, j)
+        if grad_b is not None:
+            grad_b += g.sum(0)
+        g = g.to(weight.dtype)  # as autograd would cast it back through ``.float()``
+        if need_h:
+            grad_h[i:j] = g @ weight
+        if need_w:
+            grad_w.addmm_(g.t().to(acc), hidden[i:j].to(acc))
+    return (
+        grad_h,
+        grad_w.to(weight.dtype) if need_w else None,
+        grad_b.to(bias.dtype) if grad_b is not None else None,
+    )
 
 
 def _chunk_logits(h, weight, bias, temperature):

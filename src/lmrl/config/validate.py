@@ -236,12 +236,12 @@ class _Checks:
         if (
             c.algorithm.use_kl_in_reward
             and c.algorithm.kl_penalty in kl
-            and kl.canonical(c.algorithm.kl_penalty) == "full"
+            and "logits" in kl.needs(c.algorithm.kl_penalty)
         ):
             self.errors.append(
-                "algorithm.kl_penalty=full: the KL over the whole vocabulary is a loss term only "
-                "(actor.use_kl_loss=true, actor.kl_loss_type=full); in the reward use kl, abs, "
-                "mse or low_var_kl"
+                f"algorithm.kl_penalty={c.algorithm.kl_penalty}: the KL over the whole vocabulary "
+                "needs the logits, so it is a loss term only (actor.use_kl_loss=true, "
+                "actor.kl_loss_type=full); in the reward use kl, abs, mse or low_var_kl"
             )
         modes = _registry("lmrl.algos.agg", "LOSS_AGG_MODES")
         for key in ("actor.loss_agg_mode", "critic.loss_agg_mode"):

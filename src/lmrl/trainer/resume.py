@@ -152,28 +152,6 @@ def check_config_change(cfg: Config, checkpoint: Path) -> list[tuple[str, Any, A
     return changes
 
 
-def load_trainable_state(worker, state: dict) -> None:
-    """Load a trainable worker's optimizer, schedule and RNG state, the config's
-    hyperparameters winning over the checkpoint's.
-
-    The checkpoint restores the moments, step counts and schedule position; the learning rate,
-    betas and weight decay are the ones the worker was built with, so a resume with
-    ``trainer.allow_config_change`` really trains at the new lr (param groups and schedule).
-    Without a change the values are the same ones, bit for bit.
-    """
-    optimizer, scheduler = worker.optimizer, worker.scheduler
-    fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-    base_lrs = list(scheduler.base_lrs)
-    worker.load_state_dict(state)
-    scheduler.base_lrs = base_lrs
-    for group, hyper, base, factor in zip(
-        optimizer.param_groups, fresh, base_lrs, scheduler.lr_lambdas, strict=True
-    ):
-        group.update(hyper)
-        group["lr"] = base * factor(scheduler.last_epoch)
-    scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
-
-
 def keep_old_config(run_dir: Path, step: int) -> Path | None:
     """Rename ``config.yaml`` to ``config.step<step>.yaml`` (numbered further if taken)."""
     current = Path(run_dir) / "config.yaml"
@@ -194,6 +172,5 @@ __all__ = [
     "check_run_dir",
     "config_changes",
     "keep_old_config",
-    "load_trainable_state",
     "resume_point",
 ]

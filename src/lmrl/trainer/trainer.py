@@ -39,7 +39,7 @@ from lmrl.trainer.checkpoint import (
     set_rng_state,
 )
 from lmrl.trainer.metrics import StageTimer, data_metrics, throughput, to_floats
-from lmrl.trainer.resume import keep_old_config, load_trainable_state
+from lmrl.trainer.resume import keep_old_config
 from lmrl.trainer.run import RunParts
 from lmrl.trainer.signals import EXIT_CODES, StopOnSignal
 from lmrl.trainer.stages import rollout_and_score, validate
@@ -293,9 +293,9 @@ class Trainer:
         state = load_state(path)
         for name, model in self._models().items():
             load_model_state(model, path / f"{name}.safetensors")
-        load_trainable_state(p.actor, state["actor"])
+        p.actor.load_state_dict(state["actor"])
         if p.critic is not None:
-            load_trainable_state(p.critic, state["critic"])
+            p.critic.load_state_dict(state["critic"])
         if p.kl_ctrl is not None:
             p.kl_ctrl.load_state_dict(state["kl_ctrl"])
         p.sampler.load_state_dict(state["sampler"])

@@ -106,7 +106,7 @@ class ActorWorker(TrainableWorker):
         self.log_prob_micro_batch_size = log_prob_micro_batch_size
         self.loss_fn = policy_losses.get(cfg.policy_loss.loss_mode)
         self.loss_kwargs = policy_loss_kwargs(cfg)
-        self.full_kl = cfg.use_kl_loss and kl_estimators.canonical(cfg.kl_loss_type) == "full"
+        self.full_kl = cfg.use_kl_loss and "logits" in kl_estimators.needs(cfg.kl_loss_type)
         if self.full_kl and reference is None:
             raise ValueError(
                 "actor.kl_loss_type=full computes the KL against the reference model in each "

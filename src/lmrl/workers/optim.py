@@ -151,6 +151,23 @@ class TrainableWorker:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        """Restore the moments, step counts, schedule position and shuffling RNG.
+
+        The hyperparameters (lr, betas, weight decay) stay the ones this worker was built
+        with, so a resume with changed settings (``trainer.allow_config_change``) really
+        trains at the new lr, in the param groups and the schedule. Without a change they are
+        the same values, bit for bit.
+        """
+        optimizer, scheduler = self.optimizer, self.scheduler
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        base_lrs = list(scheduler.base_lrs)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scheduler.base_lrs = base_lrs
+        for group, hyper, base, factor in zip(
+            optimizer.param_groups, fresh, base_lrs, scheduler.lr_lambdas, strict=True
+        ):
+            group.update(hyper)
+            group["lr"] = base * factor(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
         self.generator.set_state(state["generator"])
