@@ -206,10 +206,10 @@ TABLE = [
         ("rollout.name=vllm: the vllm engine needs vLLM", "rollout.name=hf"),
     ),
     Row(
-        "ray-backend",
-        train("trainer.backend=ray"),
+        "ray-mini-batch-smaller-than-the-workers",
+        train("trainer.backend=ray", "resources.n_gpus_per_node=3"),
         2,
-        ("trainer.backend=ray: the Ray backend is not part of this version",),
+        ("cannot be shared evenly by 3 workers",),
     ),
     Row(
         "tiny-model-over-a-trained-model",

@@ -29,4 +29,8 @@ class CheckpointError(LmrlError):
     """A run directory or checkpoint that cannot be read, written or resumed from."""
 
 
-__all__ = ["CheckpointError", "DataError", "LmrlError", "ModelError", "RewardError"]
+class WorkerError(LmrlError):
+    """A worker process of a distributed run died or failed (names the worker and its host)."""
+
+
+__all__ = ["CheckpointError", "DataError", "LmrlError", "ModelError", "RewardError", "WorkerError"]

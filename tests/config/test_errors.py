@@ -309,10 +309,19 @@ def test_vllm_installed_passes_this_check(monkeypatch):
     assert load_config(None, [*BASE, "rollout.name=vllm"]).rollout.name == "vllm"
 
 
-def test_ray_backend_is_refused_until_it_exists():
+def test_ray_backend_without_ray_names_the_extra(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
+    )
     text = errors_of(["trainer.backend=ray"])
-    assert "trainer.backend=ray" in text and "not part of this version" in text
-    assert "trainer.backend=local" in text
+    assert "trainer.backend=ray needs Ray" in text and "lmrl[ray]" in text
+
+
+def test_ray_backend_is_accepted_with_ray_installed():
+    pytest.importorskip("ray")
+    cfg = load_config(None, [*BASE, "trainer.backend=ray", "resources.n_gpus_per_node=2"])
+    assert cfg.trainer.backend == "ray" and cfg.resources.n_gpus_per_node == 2
 
 
 # ------------------------------------------------------------------ keys that change nothing

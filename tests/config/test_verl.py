@@ -327,12 +327,9 @@ def test_seed_002_ppo_command_line():
 
 
 GPU_ONLY = [
-    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
     "actor_rollout_ref.actor.use_dynamic_bsz=True",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-    "actor_rollout_ref.actor.strategy=fsdp2",
     "actor_rollout_ref.model.use_remove_padding=True",
     "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
@@ -342,10 +339,22 @@ GPU_ONLY = [
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
     "actor_rollout_ref.rollout.calculate_log_probs=True",
     "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-    "critic.model.fsdp_config.param_offload=True",
     "critic.ppo_max_token_len_per_gpu=32768",
     "trainer.balance_batch=True",
 ]
+
+
+def test_strategy_and_offload_keys_map_to_the_ray_workers():
+    cfg = load_config(None, [*BASE,
+        "actor_rollout_ref.actor.strategy=fsdp",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        "critic.strategy=fsdp2",
+        "critic.model.fsdp_config.param_offload=True",
+    ])  # fmt: skip
+    assert cfg.actor.strategy == "fsdp" and cfg.critic.strategy == "fsdp2"
+    assert cfg.actor.fsdp_config.param_offload and cfg.actor.fsdp_config.optimizer_offload
+    assert cfg.critic.fsdp_config.param_offload and not cfg.critic.fsdp_config.optimizer_offload
 
 
 def test_gpu_only_keys_give_one_notice_each_and_change_nothing():
@@ -477,6 +486,7 @@ def test_verl_layout_yaml_file(tmp_path):
     assert cfg.algorithm.filter_groups.metric == "acc"
     assert cfg.trainer.logger == ["console", "tensorboard"]
     assert cfg.trainer.max_ckpt_to_keep == 3 and cfg.resources.n_gpus_per_node == 1
+    assert cfg.actor.strategy == "fsdp" and cfg.actor.fsdp_config.param_offload is False
     noticed = {n.split("=")[0] for n in notices}
     assert {
         "data.tokenizer",
@@ -484,10 +494,8 @@ def test_verl_layout_yaml_file(tmp_path):
         "actor_rollout_ref.hybrid_engine",
         "actor_rollout_ref.model.use_remove_padding",
         "actor_rollout_ref.actor._target_",
-        "actor_rollout_ref.actor.strategy",
         "actor_rollout_ref.actor.policy_loss.clip_cov_ratio",
         "actor_rollout_ref.actor.optim.total_training_steps",
-        "actor_rollout_ref.actor.fsdp_config.param_offload",
         "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
         "actor_rollout_ref.rollout.gpu_memory_utilization",
         "actor_rollout_ref.ref.fsdp_config.param_offload",

@@ -110,3 +110,16 @@ def test_lora_bad_arguments(qwen_dir, lora_actor, tmp_path):
         apply_lora(lora_actor, lora_rank=2)
     with pytest.raises(FileNotFoundError, match="adapter"):
         load_lora(load_causal_lm(qwen_dir), tmp_path / "nothing")
+
+
+def test_merged_state_equals_peft_merge_and_unload(lora_actor):
+    perturb_adapter(lora_actor, seed=2)
+    from lmrl.models.lora import merged_state
+
+    want = merge_lora(lora_actor).state_dict()
+    got = merged_state(lora_actor.state_dict(), scaling=8 / 4)
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=1e-6, rtol=1e-6, msg=key)
+    plain = merge_lora(lora_actor).state_dict()
+    assert merged_state(plain, scaling=2.0).keys() == plain.keys()  # no adapter: unchanged

@@ -8,7 +8,7 @@ import torch
 from lmrl.models import apply_lora, build_tiny_model, compute_log_probs, load_causal_lm
 from lmrl.models.forward import distinct_rows
 from lmrl.rollout import HFEngine, SamplingParams
-from lmrl.rollout.hf import _draw, _truncate
+from lmrl.rollout.hf import Draws, _draw, _truncate
 
 EOS, PAD = 258, 256
 TEXTS = ["hello", "a", "what is 2+2?"]
@@ -235,8 +235,8 @@ def test_shared_prefill_equals_per_row_prefill(model, tokenizer, encode):
     outs = []
     with torch.inference_mode():
         for groups in ((first, inverse), (None, None)):
-            generator = torch.Generator().manual_seed(3)
-            outs.append(engine._sample(ids, mask, None, sampling, generator, *groups))
+            draws = Draws(3, torch.arange(len(rows)))
+            outs.append(engine._sample(ids, mask, None, sampling, draws, *groups))
     (responses, response_mask, log_probs), (ref_responses, ref_mask, ref_log_probs) = outs
     assert torch.equal(responses, ref_responses) and torch.equal(response_mask, ref_mask)
     torch.testing.assert_close(log_probs, ref_log_probs, atol=1e-5, rtol=0)
@@ -279,9 +279,55 @@ def test_truncate_by_hand():
 def test_draw_samples_the_distribution_and_never_a_zero():
     probs = torch.tensor([[0.0, 0.1, 0.0, 0.5, 0.4, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 2.0]])
     rows = probs.repeat(50_000, 1)  # unnormalized rows are fine
-    tokens = _draw(rows, torch.Generator().manual_seed(0)).view(50_000, 2)
+    u = Draws(0, torch.arange(len(rows))).uniform(0)
+    tokens = _draw(rows, u).view(50_000, 2)
     freq = torch.stack([torch.bincount(tokens[:, i], minlength=6) for i in range(2)]) / 50_000
     torch.testing.assert_close(freq, probs / probs.sum(1, keepdim=True), atol=0.01, rtol=0)
     assert (freq[probs == 0] == 0).all()
-    again = _draw(rows, torch.Generator().manual_seed(0)).view(50_000, 2)
-    assert torch.equal(tokens, again)
+    assert torch.equal(
+        tokens, _draw(rows, Draws(0, torch.arange(len(rows))).uniform(0)).view(50_000, 2)
+    )
+    # u at the edges: 0 takes the first token of positive mass, just below 1 the last
+    edge = torch.tensor([[0.0], [1.0 - 2.0**-53]], dtype=torch.float64)
+    assert _draw(probs, edge).tolist() == [1, 5]
+
+
+def test_counter_based_uniforms_are_uniform_and_independent():
+    """100k draws over rows and steps: moments and a 20-bin chi-square of a uniform, and no
+    correlation between neighbouring rows or steps (what a weak hash would leave)."""
+    draws = Draws(12345, torch.arange(10_000))
+    u = torch.cat([draws.uniform(t) for t in range(10)], dim=1)  # (rows, steps)
+    flat = u.flatten()
+    assert ((flat >= 0) & (flat < 1)).all()
+    assert abs(float(flat.mean()) - 0.5) < 0.005 and abs(float(flat.var()) - 1 / 12) < 0.002
+    counts = torch.histc(flat.float(), bins=20, min=0, max=1)
+    expected = len(flat) / 20
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 43.8  # the 0.999 quantile of chi-square with 19 degrees of freedom
+    for a, b in ((u[:-1], u[1:]), (u[:, :-1], u[:, 1:])):
+        r = torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1]
+        assert abs(float(r)) < 0.02
+    # another seed, another stream; the same seed, the same
+    assert not torch.equal(Draws(12346, torch.arange(10)).uniform(0), draws.uniform(0)[:10])
+    assert torch.equal(Draws(12345, torch.arange(10)).uniform(3), draws.uniform(3)[:10])
+
+
+def test_split_calls_and_micro_batches_sample_what_one_call_samples(model, tokenizer, encode):
+    sampling = SamplingParams(max_new_tokens=8, seed=11, top_k=50)
+    prompts = encode(TEXTS)
+    whole = HFEngine(model, tokenizer).generate(prompts, n=3, sampling=sampling)
+    head = HFEngine(model, tokenizer).generate(prompts.index(slice(0, 1)), n=3, sampling=sampling)
+    tail = HFEngine(model, tokenizer, micro_batch_size=2).generate(
+        prompts.index(slice(1, None)), n=3, sampling=sampling, prompt_offset=1
+    )
+    for key in ("responses", "response_mask", "rollout_log_probs"):
+        width = min(head[key].shape[1], tail[key].shape[1], whole[key].shape[1])
+        joined = torch.cat([head[key][:, :width], tail[key][:, :width]])
+        if key == "rollout_log_probs":
+            torch.testing.assert_close(joined, whole[key][:, :width], atol=1e-5, rtol=0)
+        else:
+            assert torch.equal(joined, whole[key][:, :width]), key
+    moved = HFEngine(model, tokenizer).generate(
+        prompts.index(slice(1, None)), n=3, sampling=sampling
+    )  # the same prompts at another position draw differently
+    assert not torch.equal(moved["responses"], tail["responses"])

@@ -22,6 +22,7 @@ from lmrl.trainer.checkpoint import (
     load_state,
     save_checkpoint,
 )
+from lmrl.workers.dist import model_state
 
 STEPS = 6  # 16 prompts, 4 per step: the run crosses an epoch boundary after step 4
 
@@ -115,7 +116,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_143(workspace):
 def test_truncated_or_partial_checkpoints_are_skipped(tmp_path, caplog):
     model = torch.nn.Linear(3, 2)
     for step in (1, 2, 3):
-        save_checkpoint(tmp_path, step, {"actor": model}, {"global_step": step})
+        save_checkpoint(tmp_path, step, {"actor": model_state(model)}, {"global_step": step})
     assert [p.name for p in list_checkpoints(tmp_path)] == [f"global_step_{i}" for i in (1, 2, 3)]
     # truncate the newest one's weights, remove the manifest of the middle one
     weights = tmp_path / "global_step_3" / "actor.safetensors"
@@ -134,7 +135,7 @@ def test_checkpoint_retention_and_weights_only_state(tmp_path):
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     for step in range(1, 5):
-        save_checkpoint(tmp_path, step, {"actor": model},
+        save_checkpoint(tmp_path, step, {"actor": model_state(model)},
                         {"global_step": step, "optimizer": opt.state_dict()}, max_to_keep=2)  # fmt: skip
     assert [p.name for p in list_checkpoints(tmp_path)] == ["global_step_3", "global_step_4"]
     state = load_state(tmp_path / "global_step_4")  # torch.load(weights_only=True) inside

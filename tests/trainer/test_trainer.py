@@ -362,3 +362,23 @@ def test_non_finite_loss_skips_the_optimizer_step(workspace):
     ]
     assert changed
     assert all(torch.isfinite(p).all() for p in trainer.parts.actor.model.parameters())
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_finished_run_exports_its_policy_as_a_model_path(workspace, lora):
+    from lmrl.models import load_causal_lm
+    from lmrl.models.forward import compute_log_probs
+
+    extra = ["model.lora_rank=4", "model.lora_alpha=8", "actor.optim.lr=5e-2"] if lora else []
+    cfg = load_config(None, [*base_overrides(workspace, f"export-{lora}"), *extra])
+    trainer = Trainer(build_run(cfg), cfg.trainer)
+    trainer.fit()
+    final = Path(cfg.trainer.default_local_dir) / "final"
+    assert (final / "config.json").is_file() and (final / "tokenizer.json").is_file()
+    exported = load_causal_lm(final, dtype="float32", device="cpu")
+    batch = trainer.last_batch
+    want, _ = compute_log_probs(trainer.parts.policy, batch, 8, 1.0)
+    got, _ = compute_log_probs(exported, batch, 8, 1.0)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    start = load_causal_lm(workspace / "model", dtype="float32", device="cpu")
+    assert not torch.allclose(compute_log_probs(start, batch, 8, 1.0)[0], want, atol=1e-4)

@@ -94,10 +94,10 @@ class ModelConfig:
         "Local directory of a Hugging Face model (config, weights, tokenizer), e.g. "
         "/models/Qwen2.5-0.5B or a `lmrl sft` output.",
     )
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = opt(
+    dtype: Literal["float32", "bfloat16", "float16", "float64", "auto"] = opt(
         "float32",
         "Parameter dtype of the trained models; auto = bfloat16 on a GPU that supports it, "
-        "else float32.",
+        "else float32; float64 for exactness checks.",
     )
     trust_remote_code: bool = opt(
         False, "Allow model code shipped with the checkpoint (transformers trust_remote_code)."
@@ -333,6 +333,21 @@ class PolicyLossConfig:
 
 
 @dataclass
+class FSDPConfig:
+    """Sharding options of ``strategy=fsdp2`` (verl's ``fsdp_config``)."""
+
+    param_offload: bool = opt(
+        False, "Keep sharded parameters (and gradients) on the CPU between uses (fsdp2)."
+    )
+    optimizer_offload: bool = opt(
+        False, "Keep the sharded optimizer state on the CPU; the step runs there (fsdp2)."
+    )
+
+
+Strategy = Literal["ddp", "fsdp2", "fsdp"]
+
+
+@dataclass
 class ActorConfig:
     """The policy update: batching, the PPO loss, entropy and KL terms, the optimizer."""
 
@@ -370,6 +385,14 @@ class ActorConfig:
     )
     optim: OptimConfig = opt(OptimConfig(), "Actor optimizer.")
     grad_clip: float = opt(1.0, "Clip the global gradient norm to this value.")
+    strategy: Strategy = opt(
+        "ddp",
+        "Data parallelism under trainer.backend=ray: ddp = replicated weights, gradients "
+        "all-reduced; fsdp2 = parameters, gradients and optimizer state sharded (PyTorch "
+        "fully_shard); fsdp = verl's name for it, the same as fsdp2. One process "
+        "(backend=local) ignores it.",
+    )
+    fsdp_config: FSDPConfig = opt(FSDPConfig(), "fsdp2 offload options.")
 
 
 @dataclass
@@ -409,6 +432,10 @@ class CriticConfig:
         None, "Aggregation of the value loss; null = actor.loss_agg_mode."
     )
     grad_clip: float = opt(1.0, "Clip the critic's global gradient norm to this value.")
+    strategy: Strategy = opt(
+        "ddp", "Data parallelism of the critic under Ray (see actor.strategy)."
+    )
+    fsdp_config: FSDPConfig = opt(FSDPConfig(), "fsdp2 offload options of the critic.")
 
 
 @dataclass
@@ -480,7 +507,19 @@ class ResourcesConfig:
         1, "Workers per node: GPUs, or CPU processes when the device is cpu."
     )
     nnodes: int = opt(1, "Nodes of the Ray cluster.")
-    num_cpus: int | None = opt(None, "CPUs given to Ray (ray.init num_cpus); null = all.")
+    critic_workers: int = opt(
+        0,
+        "0 = the critic shares the actor's workers (verl's colocated default); N > 0 = a "
+        "separate pool of N critic workers.",
+    )
+    num_cpus: int | None = opt(
+        None, "CPUs of the run's own local Ray instance (ray.init num_cpus); null = all."
+    )
+    ray_address: str | None = opt(
+        None,
+        "Join a running Ray cluster (host:port of its head, or auto) instead of starting a "
+        "local instance on 127.0.0.1 for the run; a joined cluster is never stopped by lmrl.",
+    )
 
 
 # ------------------------------------------------------------------------------------------

@@ -25,8 +25,8 @@ Choices made here:
 - Errors name only keys the user set: a key ``resolve_config`` fills from another one
   (``critic.ppo_epochs`` from ``actor.ppo_epochs``, ``data.gen_batch_size`` from
   ``data.train_batch_size``) is checked through its source and never named itself.
-- What cannot run here is refused now, not after a model loads: ``trainer.backend=ray`` (the
-  Ray backend is not part of this version yet) and ``rollout.name=vllm`` without vLLM installed.
+- What cannot run here is refused now, not after a model loads: ``trainer.backend=ray``
+  without Ray installed and ``rollout.name=vllm`` without vLLM installed.
 - Keys that change nothing given the others (``actor.kl_loss_coef`` while
   ``actor.use_kl_loss=false``) are listed by ``inert_keys``; the loader gives a one-line
   notice for each one the user set, in the words of the verl notices.
@@ -375,7 +375,9 @@ class _Checks:
             c.actor.ppo_mini_batch_size,
             c.actor.ppo_micro_batch_size,
         ):
-            self._batches("critic", b, n, workers)
+            self._batches("critic", b, n, c.resources.critic_workers or workers)
+        elif c.critic.enable and c.trainer.backend == "ray" and c.resources.critic_workers:
+            self._batches("critic", b, n, c.resources.critic_workers)
 
     def _batches(self, section: str, b: int, n: int, workers: int) -> None:
         m = _get(self.cfg, f"{section}.ppo_mini_batch_size")
@@ -491,10 +493,10 @@ class _Checks:
                 "(and the engine is not part of this version of lmrl yet); use "
                 "rollout.name=hf"
             )
-        if c.trainer.backend == "ray":
+        if c.trainer.backend == "ray" and importlib.util.find_spec("ray") is None:
             self.errors.append(
-                "trainer.backend=ray: the Ray backend is not part of this version of lmrl yet; "
-                "use trainer.backend=local (one process, one device)"
+                "trainer.backend=ray needs Ray, which is not installed here: "
+                "pip install 'lmrl[ray]' (or use trainer.backend=local)"
             )
         placed = c.resources.nnodes * c.resources.n_gpus_per_node
         if c.trainer.backend == "local" and placed > 1:

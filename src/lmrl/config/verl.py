@@ -58,14 +58,14 @@ class Rule:
     targets: tuple[str, ...] = (TRAIN,)
 
 
-_FSDP = "verl's FSDP sharding/offload setting; lmrl's workers hold whole models"
+_FSDP = "a verl FSDP tuning knob; lmrl's fsdp2 takes param_offload and optimizer_offload"
 _BSZ = "verl's token-budget dynamic batching; lmrl batches by the micro-batch sizes"
 _SP = "verl's sequence parallelism"
 _ENGINE = "verl's vLLM/SGLang engine setting"
 _PROF = "verl's profiler"
 _KERNEL = "a verl kernel/compile option"
 _CKPT = "lmrl checkpoints always hold model, optimizer and trainer state"
-_STRATEGY = "verl's training backend (fsdp/megatron); lmrl uses plain PyTorch"
+_REF_STRATEGY = "the reference is a frozen copy of the actor (or the LoRA actor without adapter)"
 _LEN = "lmrl takes the lengths from data.max_prompt_length / data.max_response_length"
 _UNSUPPORTED = "not available in lmrl"
 _SFT_FSDP = "verl's FSDP setting; lmrl sft trains one whole model in one process"
@@ -87,6 +87,8 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("trainer.nnodes", "resources.nnodes"),
     Rule("ray_init.num_cpus", "resources.num_cpus"),
     Rule("ray_kwargs.ray_init.num_cpus", "resources.num_cpus"),
+    Rule("ray_init.address", "resources.ray_address"),
+    Rule("ray_kwargs.ray_init.address", "resources.ray_address"),
     # ---- renames (verl names, also accepted in our layout)
     Rule("actor.ppo_micro_batch_size_per_gpu", "actor.ppo_micro_batch_size"),
     Rule("actor.optim.warmup_style", "actor.optim.lr_scheduler"),
@@ -146,7 +148,9 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("model.custom_chat_template", None, _UNSUPPORTED, only=(None,)),
     Rule("model.exclude_modules", None, _UNSUPPORTED, only=(None,)),
     # actor
-    Rule("actor.strategy", None, _STRATEGY),
+    Rule("actor.strategy", "actor.strategy"),
+    Rule("actor.fsdp_config.param_offload", "actor.fsdp_config.param_offload"),
+    Rule("actor.fsdp_config.optimizer_offload", "actor.fsdp_config.optimizer_offload"),
     Rule("actor.fsdp_config.*", None, _FSDP),
     Rule("actor.use_dynamic_bsz", None, _BSZ),
     Rule("actor.ppo_max_token_len_per_gpu", None, _BSZ),
@@ -166,7 +170,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("actor.policy_loss.kl_cov_ratio", None, "used by verl's kl_cov loss only"),
     Rule("actor.policy_loss.ppo_kl_coef", None, "used by verl's kl_cov loss only"),
     # ref
-    Rule("ref.strategy", None, _STRATEGY),
+    Rule("ref.strategy", None, _REF_STRATEGY),
     Rule("ref.fsdp_config.*", None, _FSDP),
     Rule("ref.log_prob_use_dynamic_bsz", None, _BSZ),
     Rule("ref.log_prob_max_token_len_per_gpu", None, _BSZ),
@@ -213,7 +217,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("rollout.multi_turn.enable", None, "multi-turn rollout is " + _UNSUPPORTED, only=(False,)),
     Rule("rollout.multi_turn.*", None, "multi-turn rollout is off"),
     # critic
-    Rule("critic.strategy", None, _STRATEGY),
+    Rule("critic.strategy", "critic.strategy"),
     Rule("critic.rollout_n", None, "lmrl reads rollout.n"),
     Rule("critic.use_dynamic_bsz", None, _BSZ),
     Rule("critic.ppo_max_token_len_per_gpu", None, _BSZ),
@@ -223,6 +227,8 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("critic.profiler.*", None, _PROF),
     Rule("critic.optim.total_training_steps", None, "the trainer computes the total steps"),
     Rule("critic.optim.num_cycles", None, "lmrl's cosine is a half cycle", only=(0.5,)),
+    Rule("critic.model.fsdp_config.param_offload", "critic.fsdp_config.param_offload"),
+    Rule("critic.model.fsdp_config.optimizer_offload", "critic.fsdp_config.optimizer_offload"),
     Rule("critic.model.fsdp_config.*", None, _FSDP),
     Rule("critic.model.tokenizer_path", None, "the critic uses the actor's tokenizer"),
     Rule("critic.model.trust_remote_code", None, "model.trust_remote_code applies to both"),

@@ -7,7 +7,8 @@ never run unless ``trust_remote_code=True`` is passed explicitly.
 
 Choices:
 
-- dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"`` (``fp32``/``bf16``/``fp16`` accepted);
+- dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` (``fp32``/``bf16``/``fp16`` accepted) or
+  ``"float64"`` (for exactness checks);
   ``None`` means float32 on CPU, where half precision is slow and inexact, and bfloat16 on a GPU.
 - pad token: the tokenizer's own pad token if it has one, else its EOS token (as verl and TRL
   do). Not ``unk``: an unknown-token id is a real input the model may see, and sentencepiece
@@ -22,7 +23,9 @@ Choices:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +42,7 @@ DTYPES = {
     "bf16": torch.bfloat16,
     "float16": torch.float16,
     "fp16": torch.float16,
+    "float64": torch.float64,  # exactness checks (e.g. the Ray backend against one process)
 }
 
 
@@ -262,3 +266,45 @@ def freeze(model: nn.Module) -> nn.Module:
     """Put ``model`` in eval mode with every parameter's ``requires_grad`` off; returns it."""
     model.requires_grad_(False)
     return model.eval()
+
+
+def export_pretrained(
+    out_dir: str | Path,
+    weights: dict[str, torch.Tensor],
+    base_path: str | Path,
+    tokenizer=None,
+    trust_remote_code: bool = False,
+) -> Path:
+    """Write ``weights`` as a plain Hugging Face model directory that ``model.path`` loads.
+
+    The architecture (``config.json``, and ``generation_config.json`` when the base has one)
+    comes from ``base_path``, the model the weights were trained from; only tensors travel,
+    so weights gathered from Ray ranks export as well as an in-process model's. Written into
+    ``<out_dir>.tmp`` and renamed, so a killed run never leaves a half-written directory.
+
+    Args:
+        weights: full weights under the model's own names (LoRA merged, see
+            ``lmrl.models.lora.merged_state``); a tied output head may be absent.
+        base_path: the ``model.path`` of the run.
+        tokenizer: saved alongside when given.
+    """
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    out = Path(out_dir)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    config = load_config(base_path, trust_remote_code)
+    config.use_cache = True
+    config.save_pretrained(tmp)
+    with contextlib.suppress(OSError):  # the base has no generation_config.json
+        GenerationConfig.from_pretrained(str(base_path)).save_pretrained(tmp)
+    tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out

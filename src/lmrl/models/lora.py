@@ -14,6 +14,7 @@ import copy
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
@@ -110,4 +111,38 @@ def export_merged(model: PeftModel, out_dir: str | Path, tokenizer=None) -> Path
     merge_lora(model).save_pretrained(out)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    return out
+
+
+_PEFT_PREFIX = "base_model.model."
+
+
+def merged_state(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
+    """A PEFT LoRA model's state dict as the plain model's, the adapters merged in.
+
+    Works on the tensors alone (a checkpoint's, or weights gathered from sharded ranks), so an
+    export needs no second copy of the model: for every adapted linear layer
+    ``W = W_base + scaling * B @ A``, and the PEFT names lose their ``base_model.model.``
+    prefix and ``.base_layer`` part. A state without adapters is returned unchanged.
+
+    Args:
+        state: ``PeftModel.state_dict()``-style tensors (``lora_A.<adapter>.weight`` (r, in),
+            ``lora_B.<adapter>.weight`` (out, r)).
+        scaling: ``lora_alpha / r`` (PEFT's scaling without rsLoRA).
+    """
+    if not any(k.startswith(_PEFT_PREFIX) for k in state):
+        return dict(state)
+    out: dict[str, torch.Tensor] = {}
+    adapters: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in state.items():
+        name = key.removeprefix(_PEFT_PREFIX)
+        if ".lora_A." in name or ".lora_B." in name:
+            module, kind = name.split(".lora_")[0], name.split(".lora_")[1][0]
+            adapters.setdefault(module, {})[kind] = tensor
+            continue
+        out[name.replace(".base_layer.", ".")] = tensor
+    for module, ab in adapters.items():
+        weight = out[f"{module}.weight"]
+        delta = (ab["B"].double() @ ab["A"].double()) * scaling
+        out[f"{module}.weight"] = (weight.double() + delta).to(weight.dtype)
     return out

@@ -53,8 +53,10 @@ class SamplingParams:
         max_new_tokens: most tokens generated per sample (``data.max_response_length``), >= 1.
         do_sample: True samples; False is greedy decoding (validation).
         stop: strings that end a sample once generated (the completing token is kept).
-        seed: seeds this call's sampling (``torch.Generator``, never the global RNG); None
-            uses the engine's own generator, which moves on from call to call.
+        seed: seeds this call's sampling (never the global RNG): with a seed, the draws of
+            sample ``j`` of the ``i``-th prompt of the batch are a function of (seed, i, j,
+            step) alone; None draws a fresh seed from the engine's own generator, which moves
+            on from call to call.
     """
 
     temperature: float = 1.0
@@ -106,7 +108,14 @@ class RolloutEngine(ABC):
     """
 
     @abstractmethod
-    def generate(self, prompts: Batch, n: int = 1, sampling: SamplingParams | None = None) -> Batch:
+    def generate(
+        self,
+        prompts: Batch,
+        n: int = 1,
+        sampling: SamplingParams | None = None,
+        *,
+        prompt_offset: int = 0,
+    ) -> Batch:
         """Sample ``n`` continuations of every prompt.
 
         Args:
@@ -114,6 +123,10 @@ class RolloutEngine(ABC):
                 optional ``position_ids`` (B, P), optional ``uid`` and any other columns.
             n: samples per prompt (``G``), >= 1.
             sampling: how to sample; default `SamplingParams()`.
+            prompt_offset: the position of this call's first prompt in the whole batch: a
+                sample's randomness depends on its prompt's position and sample index, not
+                on the call, so a batch split across ranks (or calls) samples exactly what
+                one call on the whole batch samples.
         Returns:
             A `Batch` of B*n rows in the layout of this module's docstring.
         """

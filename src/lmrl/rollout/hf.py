@@ -2,9 +2,11 @@
 
 A sampling loop written here rather than ``model.generate``, for three reasons: the
 log-prob of every sampled token under the untruncated, temperature-scaled distribution comes
-out of the same step that samples it (``rollout_log_probs``); the randomness comes only from
-a ``torch.Generator`` owned by the engine (never the global RNG), so a seed reproduces a
-rollout exactly; and the loop is small enough to read.
+out of the same step that samples it (``rollout_log_probs``); the randomness is counter-based
+(never the global RNG): the uniform that picks sample ``j`` of the ``i``-th prompt at decode
+step ``t`` is a hash of (seed, ``i * n + j``, ``t``), so a seed reproduces a rollout exactly,
+whatever the micro-batching and however the prompts are split over calls or ranks
+(``prompt_offset``); and the loop is small enough to read.
 
 One step for a (B*n, ·) batch of left-padded rows: a forward of the last tokens with the
 cache, ``logits / temperature`` in float32, ``log_softmax`` (recorded at the sampled token),
@@ -142,7 +144,14 @@ class HFEngine(RolloutEngine):
         with torch.no_grad():
             self.model.load_state_dict(dict(state_dict), strict=strict)
 
-    def generate(self, prompts: Batch, n: int = 1, sampling: SamplingParams | None = None) -> Batch:
+    def generate(
+        self,
+        prompts: Batch,
+        n: int = 1,
+        sampling: SamplingParams | None = None,
+        *,
+        prompt_offset: int = 0,
+    ) -> Batch:
         """Sample ``n`` continuations per prompt; see `RolloutEngine.generate`.
 
         The model is put in eval mode for the call and every module's train/eval flag is
@@ -153,10 +162,12 @@ class HFEngine(RolloutEngine):
         input_ids, mask = check_prompts(prompts, n)
         if self.tokenizer is None and sampling.stop:
             raise ValueError("stop strings need the engine's tokenizer (tokenizer=None given)")
-        generator = self._generator_for(sampling)
+        seed = self._seed_for(sampling)
         device = self._device()
         position_ids = prompts.get("position_ids")
         rows = torch.arange(len(prompts)).repeat_interleave(n)
+        # each row's key of the counter-based draws: its sample's place in the whole batch
+        keys = (prompt_offset * n + torch.arange(len(rows))).to(device)
         size = self.micro_batch_size or max(len(rows), 1)
         flags = {m: m.training for m in self.model.modules()}
         self.model.eval()
@@ -169,7 +180,8 @@ class HFEngine(RolloutEngine):
                     first, inverse = distinct_rows(r)
                     ids, m = input_ids[r].to(device), mask[r].to(device)
                     shared = (first.to(device), inverse.to(device))
-                    pieces.append(self._sample(ids, m, pos, sampling, generator, *shared))
+                    draws = Draws(seed, keys[start : start + size])
+                    pieces.append(self._sample(ids, m, pos, sampling, draws, *shared))
         finally:
             for module, training in flags.items():
                 module.training = training
@@ -192,17 +204,17 @@ class HFEngine(RolloutEngine):
         first = next(self.model.parameters(), None)
         return first.device if first is not None else torch.device("cpu")
 
-    def _generator_for(self, sampling: SamplingParams) -> torch.Generator:
-        device = self._device()
+    def _seed_for(self, sampling: SamplingParams) -> int:
+        """The call's seed: the sampling's own, else a fresh one from the engine's generator."""
         if sampling.seed is not None:
-            return torch.Generator(device=device).manual_seed(sampling.seed)
-        if self._generator is None or self._generator.device != device:
-            self._generator = torch.Generator(device=device)
+            return sampling.seed
+        if self._generator is None:
+            self._generator = torch.Generator()
             if self._seed is None:
                 self._generator.seed()  # nondeterministic, leaves the global RNG alone
             else:
                 self._generator.manual_seed(self._seed)
-        return self._generator
+        return int(torch.randint(0, 2**62, (1,), generator=self._generator))
 
     def _forward(self, ids, attention_mask, position_ids, cache) -> torch.Tensor:
         """Logits (B, V) at the last position, in float32, updating ``cache`` in place."""
@@ -223,7 +235,7 @@ class HFEngine(RolloutEngine):
         mask: torch.Tensor,
         position_ids: torch.Tensor | None,
         sampling: SamplingParams,
-        generator: torch.Generator,
+        draws: Draws,
         first: torch.Tensor | None = None,
         inverse: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -274,7 +286,7 @@ class HFEngine(RolloutEngine):
             logp = torch.log_softmax(scaled, dim=-1)
             if sampling.do_sample:
                 probs = _truncate(scaled, sampling.top_k, sampling.top_p).softmax(dim=-1)
-                token = _draw(probs, generator)
+                token = _draw(probs, draws.uniform(t))
             else:
                 token = logits.argmax(dim=-1)
             alive = ~finished
@@ -319,24 +331,60 @@ class HFEngine(RolloutEngine):
         return hit
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """An avalanche hash of 32-bit values held in int64 (``lowbias32``: xor-shift-multiply
+    rounds; each output bit depends on every input bit). Products overflow int64 and wrap,
+    which keeps their low 32 bits exact."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+class Draws:
+    """Counter-based uniforms: one per row and decode step, a pure function of (seed, the
+    row's key, the step), computed for all rows at once.
+
+    Args:
+        seed: the call's seed (any int; 64 bits are used).
+        keys: (R,) int64, each row's key (its sample's position in the whole batch).
+    """
+
+    def __init__(self, seed: int, keys: torch.Tensor) -> None:
+        seed &= 2**64 - 1
+        lo, hi = seed & _M32, seed >> 32
+        self.base = _mix32(_mix32(keys.long() & _M32) ^ hi) ^ lo  # (R,)
+
+    def uniform(self, t: int) -> torch.Tensor:
+        """(R, 1) float64 uniforms in [0, 1) of decode step ``t`` (53 random bits each)."""
+        h1 = _mix32(self.base ^ _mix32(torch.full_like(self.base, 2 * t)))
+        h2 = _mix32(self.base ^ _mix32(torch.full_like(self.base, 2 * t + 1)) ^ 0x9E3779B9)
+        bits = (h1 << 21) | (h2 >> 11)  # 32 + 21 = 53 bits
+        return (bits.double() * 2.0**-53)[:, None]
+
+
+def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row of ``probs`` (R, V), by inverting the row's cumulative distribution.
 
     ``torch.multinomial`` draws an exponential variate for every (row, token): R x V random
     numbers per decode step, a cost that grows with the vocabulary and not with the model.
-    This draws one uniform per row and binary-searches the row's float64 cumulative sum, an
-    exact sampler of the same distribution (a different stream of draws for a given seed);
-    ``docs/performance.md`` has the timings of both. Tokens of probability 0 are never drawn.
+    This takes one uniform per row and binary-searches the row's float64 cumulative sum, an
+    exact sampler of the same distribution; ``docs/performance.md`` has the timings of both.
+    Tokens of probability 0 are never drawn.
 
     Args:
         probs: (R, V) non-negative, each row with a positive sum (need not be normalized).
-        generator: the source of the R uniforms.
+        u: (R, 1) float64 uniforms in [0, 1) (`Draws.uniform`).
     Returns:
         (R,) long token ids.
     """
     cdf = probs.double().cumsum(dim=-1)  # (R, V)
     total = cdf[:, -1:]
-    u = torch.rand(total.shape, dtype=cdf.dtype, device=cdf.device, generator=generator) * total
+    u = u.to(cdf.device) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < total, always
     return torch.searchsorted(cdf, u, right=True).squeeze(1)  # first token with cdf > u
 

@@ -88,16 +88,12 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every parameter and buffer, contiguous and detached (tied weights saved once each)."""
-    seen: dict[int, str] = {}
-    out = {}
-    for name, tensor in model.state_dict().items():
-        if tensor.data_ptr() in seen:
-            continue  # safetensors refuses shared storage; the tie is restored on load
-        seen[tensor.data_ptr()] = name
-        out[name] = tensor.detach().contiguous().cpu()
-    return out
+def read_weights(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a checkpoint's ``<name>.safetensors`` (CPU)."""
+    try:
+        return load_file(path)
+    except (OSError, ValueError) as err:  # missing, or not a safetensors file
+        raise CheckpointError(f"{path}: cannot read the weights: {err}") from None
 
 
 def load_model_state(model: torch.nn.Module, path: Path) -> None:
@@ -116,7 +112,7 @@ def load_model_state(model: torch.nn.Module, path: Path) -> None:
 def save_checkpoint(
     run_dir: Path,
     step: int,
-    models: dict[str, torch.nn.Module],
+    weights: dict[str, dict[str, torch.Tensor]],
     state: dict[str, Any],
     max_to_keep: int | None = None,
     before_manifest=None,
@@ -124,7 +120,7 @@ def save_checkpoint(
     """Write ``run_dir/global_step_<step>`` atomically; prune old ones beyond ``max_to_keep``.
 
     Args:
-        models: name -> module; each saved as ``<name>.safetensors``.
+        weights: name -> full weights (``model_state``); each saved as ``<name>.safetensors``.
         state: tensors and plain Python data (no arbitrary objects), saved as ``state.pt``.
         max_to_keep: keep only the newest this many checkpoints (None = all).
         before_manifest: called once the data files are written, before the manifest (a
@@ -135,8 +131,8 @@ def save_checkpoint(
     tmp = run_dir / f".global_step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name, model in models.items():
-        save_file(model_state(model), tmp / f"{name}.safetensors")
+    for name, tensors in weights.items():
+        save_file(tensors, tmp / f"{name}.safetensors")
     torch.save(state, tmp / "state.pt")
     files = sorted(p for p in tmp.iterdir() if p.is_file())
     for p in files:

@@ -9,16 +9,13 @@ checks every data source and ground truth against its scorers), the trackers las
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from lmrl.algos import advantage_estimators, make_kl_controller
@@ -27,30 +24,20 @@ from lmrl.config.schema import FilterGroupsConfig, RolloutCorrectionConfig
 from lmrl.data import PromptSampler, RLDataset
 from lmrl.logging import make_trackers
 from lmrl.models import (
-    apply_lora,
-    build_reference,
-    load_causal_lm,
     load_tokenizer,
     resolve_device,
 )
-from lmrl.models.critic import load_critic
-from lmrl.rewards import load_reward_fn, make_reward_manager
-from lmrl.rollout import SamplingParams, build_engine
+from lmrl.rollout import SamplingParams
 from lmrl.trainer.checkpoint import load_model_state
 from lmrl.trainer.resume import check_config_change, check_run_dir, resume_point
 from lmrl.trainer.stages import validate
 from lmrl.workers.actor import ActorWorker
+from lmrl.workers.build import build_workers, seed_everything
 from lmrl.workers.critic import CriticWorker
 from lmrl.workers.reference import ReferenceWorker
+from lmrl.workers.reward import build_reward
 
 log = logging.getLogger("lmrl.trainer")
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global generators."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 @dataclass(frozen=True)
@@ -167,6 +154,9 @@ class RunParts:
         kl_ctrl: the KL-in-reward controller, when ``algorithm.use_kl_in_reward``.
         trackers: the loggers (None for eval).
         total_steps: training steps of the whole run.
+        backend: the Ray backend (``lmrl.workers.backend.RayBackend``) whose groups hold the
+            workers under ``trainer.backend=ray`` (then ``actor``, ``critic``, ``reference``,
+            ``engine`` and ``reward`` are its stand-ins and ``policy`` is None); None locally.
     """
 
     config: Config
@@ -178,7 +168,7 @@ class RunParts:
     train_data: RLDataset | None
     sampler: PromptSampler | None
     val_data: RLDataset | None
-    policy: torch.nn.Module
+    policy: torch.nn.Module | None
     actor: ActorWorker | None
     critic: CriticWorker | None
     reference: ReferenceWorker | None
@@ -187,12 +177,18 @@ class RunParts:
     kl_ctrl: Any
     trackers: Any
     total_steps: int
+    backend: Any = None
 
     def close(self) -> None:
-        """Stop the reward workers and close the trackers (safe to call twice)."""
-        self.reward.close()
-        if self.trackers is not None:
-            self.trackers.close()
+        """Stop the reward workers, close the trackers, stop the Ray workers and the Ray
+        instance the run started (safe to call twice)."""
+        try:
+            self.reward.close()
+            if self.trackers is not None:
+                self.trackers.close()
+        finally:
+            if self.backend is not None:
+                self.backend.close()
 
 
 def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunParts:
@@ -231,46 +227,17 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
         per_epoch = len(train_data) // cfg.data.train_batch_size
         total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs
 
-    policy = load_causal_lm(
-        cfg.model.path, dtype=cfg.model.dtype, device=device,
-        trust_remote_code=cfg.model.trust_remote_code,
-        gradient_checkpointing=cfg.model.enable_gradient_checkpointing and train,
-    )  # fmt: skip
-    if cfg.model.lora_rank > 0:
-        policy = apply_lora(policy, cfg.model.lora_rank, cfg.model.lora_alpha,
-                            cfg.model.target_modules)  # fmt: skip
-    actor = critic = reference = None
-    if train:
-        # built before any update: a frozen copy of the initial policy, or LoRA disabled
-        if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-            reference = ReferenceWorker(
-                build_reference(policy),
-                cfg.ref.log_prob_micro_batch_size,
-                cfg.rollout.temperature,
-            )
-        actor = ActorWorker(
-            policy, cfg.actor, rollout_n=cfg.rollout.n,
-            max_response_length=cfg.data.max_response_length,
-            temperature=cfg.rollout.temperature,
-            log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size,
-            total_steps=total_steps, seed=cfg.trainer.seed,
-            reference=reference.reference if reference is not None else None,
-        )  # fmt: skip
-        if not (cfg.algorithm.use_kl_in_reward or (cfg.actor.use_kl_loss and not actor.full_kl)):
-            reference = None  # the full KL runs the reference inside the update: no ref stage
-        if cfg.critic.enable:
-            critic_model = load_critic(
-                cfg.critic.model.path, dtype=cfg.model.dtype, device=device,
-                trust_remote_code=cfg.model.trust_remote_code,
-                gradient_checkpointing=cfg.critic.model.enable_gradient_checkpointing,
-            )  # fmt: skip
-            critic = CriticWorker(
-                critic_model, cfg.critic, rollout_n=cfg.rollout.n,
-                max_response_length=cfg.data.max_response_length,
-                total_steps=total_steps, seed=cfg.trainer.seed,
-            )  # fmt: skip
-    engine = build_engine(cfg.rollout.name, policy, tokenizer, seed=cfg.trainer.seed)
-    reward = _reward_manager(cfg, tokenizer)
+    backend = None
+    if train and cfg.trainer.backend == "ray":  # the workers live in Ray processes
+        from lmrl.workers.backend import RayBackend
+
+        w = backend = RayBackend(cfg, total_steps)
+        policy = None
+    else:
+        w = build_workers(cfg, tokenizer, device, total_steps=total_steps, train=train)
+        policy = w.policy
+    actor, critic, reference, engine = w.actor, w.critic, w.reference, w.engine
+    reward = backend.reward if backend is not None else build_reward(cfg, tokenizer, device)
     try:
         for data in (train_data, val_data):
             if data is not None:
@@ -290,13 +257,15 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
             )  # fmt: skip
     except BaseException:
         reward.close()
+        if backend is not None:
+            backend.close()
         raise
     return RunParts(
         config=cfg, plan=StepPlan.from_config(cfg), run_dir=run_dir, resume_from=resume_from,
         config_changes=changes, tokenizer=tokenizer, train_data=train_data, sampler=sampler,
         val_data=val_data, policy=policy, actor=actor, critic=critic, reference=reference,
         engine=engine, reward=reward, kl_ctrl=kl_ctrl, trackers=trackers,
-        total_steps=total_steps,
+        total_steps=total_steps, backend=backend,
     )  # fmt: skip
 
 
@@ -329,27 +298,6 @@ def _dataset(cfg: Config, files, tokenizer) -> RLDataset:
         files, tokenizer, prompt_key=d.prompt_key, reward_fn_key=d.reward_fn_key,
         max_prompt_length=d.max_prompt_length, filter_overlong_prompts=d.filter_overlong_prompts,
         truncation=d.truncation,
-    )  # fmt: skip
-
-
-def _reward_manager(cfg: Config, tokenizer):
-    r = cfg.reward
-    custom = r.custom_reward_function
-    reward_fns = (
-        load_reward_fn(custom.path, custom.name, kwargs=custom.reward_kwargs)
-        if custom.path
-        else None
-    )
-    options = {}
-    if r.manager == "dapo":
-        options = {
-            "overlong_buffer": dataclasses.asdict(r.overlong_buffer),
-            "max_response_length": cfg.data.max_response_length,
-        }
-    return make_reward_manager(
-        r.manager, tokenizer, reward_fns=reward_fns, num_workers=r.num_workers,
-        timeout_s=r.timeout_s, reward_fn_key=cfg.data.reward_fn_key,
-        max_error_fraction=r.max_error_fraction, **options,
     )  # fmt: skip
 
 

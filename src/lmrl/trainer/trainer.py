@@ -24,16 +24,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from lmrl.algos import apply_kl_penalty, rollout_importance_weights
 from lmrl.batch import Batch
 from lmrl.config import save_config
 from lmrl.config.schema import TrainerConfig
-from lmrl.errors import CheckpointError
+from lmrl.errors import CheckpointError, WorkerError
+from lmrl.models.loading import export_pretrained
+from lmrl.models.lora import merged_state
 from lmrl.trainer.checkpoint import (
-    load_model_state,
+    latest_checkpoint,
     load_state,
+    read_weights,
     rng_state,
     save_checkpoint,
     set_rng_state,
@@ -168,10 +169,12 @@ class Trainer:
         """Run the remaining steps: log each, validate every ``test_freq`` steps (and before
         the first and after the last), checkpoint every ``save_freq`` steps and at the end.
 
+        A run that reaches its last step also writes ``run_dir/final`` (`export_final`).
         The first SIGINT/SIGTERM finishes the current step, saves and returns (``stopped_by``
         and ``exit_code`` say so); a second one stops at once (``StopNow``). A periodic save
         that fails is logged and retried at the next one; a failed final save raises
-        ``CheckpointError``.
+        ``CheckpointError``. A Ray worker that dies or fails raises ``WorkerError`` naming it
+        and the last good checkpoint.
         """
         t, p = self.cfg, self.parts
         history: list[dict[str, float]] = []
@@ -197,6 +200,16 @@ class Trainer:
                 self.stopped_by = stop.requested
                 if self._last_saved != self.global_step and self.global_step > 0:
                     self._save(final=True)
+                if history and self.global_step >= self.total_steps:
+                    self.export_final()
+        except WorkerError as err:  # a Ray worker died or failed: nothing more can run
+            last = latest_checkpoint(self.run_dir)
+            resume = (
+                f"the last good checkpoint is {last}; run the same command to resume from it"
+                if last is not None
+                else "no checkpoint was written yet"
+            )
+            raise WorkerError(f"{err}; {resume}") from None
         finally:
             self.close()
         if self.stopped_by:
@@ -243,11 +256,12 @@ class Trainer:
         self.parts.close()
 
     # ---------------------------------------------------------------- checkpoints
-    def _models(self) -> dict[str, torch.nn.Module]:
-        models = {"actor": self.parts.actor.model}
+    def _trained(self) -> dict:
+        """The trained workers by checkpoint name (in-process, or a Ray group's stand-ins)."""
+        workers = {"actor": self.parts.actor}
         if self.parts.critic is not None:
-            models["critic"] = self.parts.critic.model
-        return models
+            workers["critic"] = self.parts.critic
+        return workers
 
     def state_dict(self) -> dict:
         """Everything but the weights that a resumed run needs to continue exactly."""
@@ -266,13 +280,33 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write ``global_step_<N>`` now (atomically); returns its path."""
+        weights = {name: worker.model_state() for name, worker in self._trained().items()}
         path = save_checkpoint(
-            self.run_dir, self.global_step, self._models(), self.state_dict(),
+            self.run_dir, self.global_step, weights, self.state_dict(),
             self.cfg.max_ckpt_to_keep, before_manifest=lambda: self.on_stage("save"),
         )  # fmt: skip
         self._last_saved = self.global_step
         log.info("checkpoint saved: %s", path)
         return path
+
+    def export_final(self) -> Path:
+        """Write ``run_dir/final``: the policy as a plain Hugging Face model directory (LoRA
+        merged, tokenizer included), the ``model.path`` of a next run or of ``lmrl eval``.
+
+        Raises:
+            CheckpointError: it cannot be written (the checkpoints are unaffected).
+        """
+        m, out = self.parts.config.model, self.run_dir / "final"
+        weights = self.parts.actor.model_state()
+        if m.lora_rank > 0:
+            weights = merged_state(weights, m.lora_alpha / m.lora_rank)
+        try:
+            export_pretrained(out, weights, m.path, self.parts.tokenizer, m.trust_remote_code)
+        except OSError as err:
+            raise CheckpointError(f"the final model could not be written to {out}: {err}; "
+                                  "the last checkpoint holds the same weights") from None  # fmt: skip
+        log.info("final model written: %s", out)
+        return out
 
     def _save(self, final: bool) -> None:
         try:
@@ -291,8 +325,11 @@ class Trainer:
     def _load_checkpoint(self, path: Path) -> None:
         p = self.parts
         state = load_state(path)
-        for name, model in self._models().items():
-            load_model_state(model, path / f"{name}.safetensors")
+        for name, worker in self._trained().items():
+            try:
+                worker.load_model_state(read_weights(path / f"{name}.safetensors"))
+            except KeyError as err:  # the checkpoint is of another model
+                raise CheckpointError(f"{path / name}.safetensors: {err}") from None
         p.actor.load_state_dict(state["actor"])
         if p.critic is not None:
             p.critic.load_state_dict(state["critic"])

@@ -80,6 +80,8 @@ class ActorWorker(TrainableWorker):
         reference: the reference policy (a frozen model, or this LoRA actor with its adapter
             disabled); required by ``use_kl_loss`` with ``kl_loss_type=full``, which runs it
             in every micro-batch. Sampled-token KL losses read ``ref_log_probs`` instead.
+        dp: this rank's data parallelism (``lmrl.workers.dist``): every rank gets the whole
+            batch and trains on its share of each mini-batch; None = one process.
 
     Raises:
         ValueError: an unknown loss or KL name, or the full KL without ``reference``.
@@ -97,8 +99,9 @@ class ActorWorker(TrainableWorker):
         total_steps: int,
         seed: int = 0,
         reference: Reference | None = None,
+        dp=None,
     ) -> None:
-        super().__init__(model, cfg.optim, total_steps, seed)
+        super().__init__(model, cfg.optim, total_steps, seed, dp)
         self.cfg = cfg
         self.rollout_n = rollout_n
         self.max_response_length = max_response_length
@@ -121,7 +124,8 @@ class ActorWorker(TrainableWorker):
             ``(log_probs, entropy)``, (B, T) each (entropy None unless asked).
         """
         micro = self.log_prob_micro_batch_size or len(batch)
-        return compute_log_probs(self.model, batch, micro, self.temperature, with_entropy)
+        with self.dp.full_params(self.model):
+            return compute_log_probs(self.model, batch, micro, self.temperature, with_entropy)
 
     def update_policy(
         self, batch: Batch, *, old_log_probs_from_update: bool = False
@@ -195,51 +199,62 @@ class ActorWorker(TrainableWorker):
 
         ``own_old_log_probs``: the old log-probs are this forward's own, detached.
         """
-        cfg = self.cfg
+        dp = self.dp
         mask_key = "loss_mask" if "loss_mask" in mini else "response_mask"
+        # the normalizers count the whole mini-batch (every rank holds it), so each rank's
+        # loss is its share of the mini-batch loss and the shares' gradients add up
         norm = AggNorm.from_mask(mini[mask_key], loss_scale_factor=self.max_response_length)
         stats: dict[str, torch.Tensor] = defaultdict(int)  # tensors on the model's device
-        for micro in mini.split(micro_size):
-            mask = micro[mask_key]
-            kld = None
-            if self.full_kl:
-                log_prob, entropy, kld = forward_log_probs_and_kl(
-                    self.model, self.reference, micro, self.temperature, with_entropy=True
-                )
-            else:
-                log_prob, entropy = forward_log_probs(
-                    self.model, micro, self.temperature, with_entropy=True
-                )
-                if cfg.use_kl_loss:
-                    kld = kl_penalty(log_prob, micro["ref_log_probs"], cfg.kl_loss_type)
-            old = log_prob.detach() if own_old_log_probs else micro["old_log_probs"]
-            pg_loss, pg_metrics = self.loss_fn(
-                old,
-                log_prob,
-                micro["advantages"],
-                mask,
-                cfg.loss_agg_mode,
-                rollout_is_weights=micro.get("rollout_is_weights"),
-                norm=norm,
-                **self.loss_kwargs,
+        micros = dp.micro_batches(dp.shard(mini), micro_size)
+        for i, micro in enumerate(micros):
+            with dp.sync_grads(self.model, last=i == len(micros) - 1):
+                self._micro_step(micro, mask_key, norm, own_old_log_probs, stats)
+        dp.reduce_grads(self.params)
+        return dp.reduce_stats(dict(stats))
+
+    def _micro_step(self, micro: Batch, mask_key: str, norm: AggNorm, own_old_log_probs: bool,
+                    stats: dict[str, torch.Tensor]) -> None:  # fmt: skip
+        """Forward and backward of one micro-batch; its metrics added to ``stats``."""
+        cfg = self.cfg
+        mask = micro[mask_key]
+        kld = None
+        if self.full_kl:
+            log_prob, entropy, kld = forward_log_probs_and_kl(
+                self.model, self.reference, micro, self.temperature, with_entropy=True
             )
-            entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, norm)
-            loss = pg_loss
-            if cfg.entropy_coeff:
-                loss = loss - cfg.entropy_coeff * entropy_loss
-            if kld is not None:
-                kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, norm)
-                loss = loss + cfg.kl_loss_coef * kl_loss
-                stats["actor/kl_loss"] = stats["actor/kl_loss"] + kl_loss.detach()
-            loss.backward()
-            # the micro losses are shares of the mini-batch loss: they add up;
-            # per-token fractions are weighted by the micro-batch's share of the tokens.
-            share = masked_count(mask) / norm.token_count.clamp(min=1)
-            stats["actor/pg_loss"] = stats["actor/pg_loss"] + pg_loss.detach()
-            stats["actor/entropy"] = stats["actor/entropy"] + entropy_loss.detach()
-            for name, value in pg_metrics.items():
-                stats[f"actor/{name}"] = stats[f"actor/{name}"] + share * value
-        return dict(stats)
+        else:
+            log_prob, entropy = forward_log_probs(
+                self.model, micro, self.temperature, with_entropy=True
+            )
+            if cfg.use_kl_loss:
+                kld = kl_penalty(log_prob, micro["ref_log_probs"], cfg.kl_loss_type)
+        old = log_prob.detach() if own_old_log_probs else micro["old_log_probs"]
+        pg_loss, pg_metrics = self.loss_fn(
+            old,
+            log_prob,
+            micro["advantages"],
+            mask,
+            cfg.loss_agg_mode,
+            rollout_is_weights=micro.get("rollout_is_weights"),
+            norm=norm,
+            **self.loss_kwargs,
+        )
+        entropy_loss = agg_loss(entropy, mask, cfg.loss_agg_mode, norm)
+        loss = pg_loss
+        if cfg.entropy_coeff:
+            loss = loss - cfg.entropy_coeff * entropy_loss
+        if kld is not None:
+            kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, norm)
+            loss = loss + cfg.kl_loss_coef * kl_loss
+            stats["actor/kl_loss"] = stats["actor/kl_loss"] + kl_loss.detach()
+        loss.backward()
+        # the micro losses are shares of the mini-batch loss: they add up;
+        # per-token fractions are weighted by the micro-batch's share of the tokens.
+        share = masked_count(mask) / norm.token_count.clamp(min=1)
+        stats["actor/pg_loss"] = stats["actor/pg_loss"] + pg_loss.detach()
+        stats["actor/entropy"] = stats["actor/entropy"] + entropy_loss.detach()
+        for name, value in pg_metrics.items():
+            stats[f"actor/{name}"] = stats[f"actor/{name}"] + share * value
 
 
 def _check_loss_mask(loss_mask: torch.Tensor, response_mask: torch.Tensor) -> None:

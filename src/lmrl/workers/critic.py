@@ -31,13 +31,14 @@ class CriticWorker(TrainableWorker):
         max_response_length: the constant divisor of ``seq-mean-token-sum-norm``.
         total_steps: training steps, for the learning-rate schedule.
         seed: seeds the mini-batch shuffling.
+        dp: this rank's data parallelism (``lmrl.workers.dist``); None = one process.
     """
 
     def __init__(
         self, model: nn.Module, cfg, *, rollout_n: int, max_response_length: int,
-        total_steps: int, seed: int = 0,
+        total_steps: int, seed: int = 0, dp=None,
     ) -> None:  # fmt: skip
-        super().__init__(model, cfg.optim, total_steps, seed + 1)
+        super().__init__(model, cfg.optim, total_steps, seed + 1, dp)
         self.cfg = cfg
         self.rollout_n = rollout_n
         self.max_response_length = max_response_length
@@ -45,7 +46,8 @@ class CriticWorker(TrainableWorker):
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """Values of the response positions, (B, T), no grad."""
         micro = self.cfg.forward_micro_batch_size or self.cfg.ppo_micro_batch_size or len(batch)
-        return compute_values(self.model, batch, micro)
+        with self.dp.full_params(self.model):
+            return compute_values(self.model, batch, micro)
 
     def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Clipped value loss against ``returns``, anchored at the rollout's ``values``.
@@ -61,18 +63,25 @@ class CriticWorker(TrainableWorker):
             norm = AggNorm.from_mask(
                 mini["response_mask"], loss_scale_factor=self.max_response_length
             )
-            loss_sum, clipfrac = 0, 0
-            for micro in mini.split(cfg.ppo_micro_batch_size or mini_size):
+            stats = {"loss": 0, "clipfrac": 0}  # this rank's shares of the mini-batch's
+            micros = self.dp.micro_batches(
+                self.dp.shard(mini), cfg.ppo_micro_batch_size or mini_size
+            )
+            for i, micro in enumerate(micros):
                 mask = micro["response_mask"]
-                loss, m = value_loss(
-                    forward_values(self.model, micro), micro["values"], micro["returns"], mask,
-                    cfg.cliprange_value, cfg.loss_agg_mode, norm,
-                )  # fmt: skip
-                loss.backward()
-                loss_sum = loss_sum + loss.detach()
-                clipfrac = clipfrac + masked_count(mask) / norm.token_count * m["vf_clipfrac"]
+                with self.dp.sync_grads(self.model, last=i == len(micros) - 1):
+                    loss, m = value_loss(
+                        forward_values(self.model, micro), micro["values"], micro["returns"],
+                        mask, cfg.cliprange_value, cfg.loss_agg_mode, norm,
+                    )  # fmt: skip
+                    loss.backward()
+                share = masked_count(mask) / norm.token_count
+                stats["loss"] = stats["loss"] + loss.detach()
+                stats["clipfrac"] = stats["clipfrac"] + share * m["vf_clipfrac"]
+            self.dp.reduce_grads(self.params)
+            stats = self.dp.reduce_stats(stats)
             grad_norm, _ = clip_and_step(self.params, self.optimizer, cfg.grad_clip)
-            totals["critic/vf_loss"].append(loss_sum)
-            totals["critic/vf_clipfrac"].append(clipfrac)
+            totals["critic/vf_loss"].append(stats["loss"])
+            totals["critic/vf_clipfrac"].append(stats["clipfrac"])
             totals["critic/grad_norm"].append(grad_norm)
         return self.finish_update(totals, "critic")

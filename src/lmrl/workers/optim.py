@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import torch
 
+from lmrl.workers.dist import DataParallel
+
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], optim) -> torch.optim.AdamW:
     """AdamW from an ``OptimConfig`` (lr, betas, weight_decay).
@@ -105,10 +107,14 @@ class TrainableWorker:
         model: the module trained.
         optim: its ``OptimConfig``.
         total_steps: training steps, for the schedule.
-        seed: seeds the mini-batch shuffling.
+        seed: seeds the mini-batch shuffling (the same on every rank: the mini-batches are
+            cut identically everywhere, see ``lmrl.workers.dist``).
+        dp: this rank's data parallelism (``lmrl.workers.dist``); None = one process.
     """
 
-    def __init__(self, model: torch.nn.Module, optim, total_steps: int, seed: int) -> None:
+    def __init__(self, model: torch.nn.Module, optim, total_steps: int, seed: int, dp=None) -> None:
+        self.dp = dp if dp is not None else DataParallel()
+        model = self.dp.prepare(model)
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optim)
@@ -142,10 +148,18 @@ class TrainableWorker:
         metrics[f"{prefix}/lr"] = torch.tensor(self.lr)
         return metrics
 
+    def model_state(self) -> dict[str, torch.Tensor]:
+        """The full weights as CPU tensors (what a checkpoint's ``<name>.safetensors`` holds)."""
+        return self.dp.model_state(self.model)
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load full weights written by `model_state` (under any number of ranks)."""
+        self.dp.load_model_state(self.model, state)
+
     def state_dict(self) -> dict:
         """Optimizer, scheduler and shuffling RNG (the weights are saved separately)."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.dp.optimizer_state(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
         }
@@ -161,7 +175,7 @@ class TrainableWorker:
         optimizer, scheduler = self.optimizer, self.scheduler
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         base_lrs = list(scheduler.base_lrs)
-        optimizer.load_state_dict(state["optimizer"])
+        self.dp.load_optimizer_state(self.model, optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scheduler.base_lrs = base_lrs
         for group, hyper, base, factor in zip(

@@ -1,0 +1,88 @@
+"""``trainer.backend=ray``: the cluster and the worker groups of a run, behind the local
+workers' faces.
+
+One group of ``resources.nnodes * resources.n_gpus_per_node`` ranks holds, colocated as verl
+does by default, the actor with its rollout engine and reference, the reward scoring and (for
+PPO) the critic; with ``resources.critic_workers > 0`` the critic gets a pool of its own.
+``build_run`` hands the stand-ins (``actor``, ``critic``, ``reference``, ``engine``,
+``reward``) to the trainer, whose step does not change; ``close`` stops the groups and the
+Ray instance the run started (never a cluster it only joined).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lmrl.config import Config
+from lmrl.workers.group import (
+    GroupActor,
+    GroupCritic,
+    GroupEngine,
+    GroupReference,
+    GroupReward,
+    RayWorkerGroup,
+)
+
+log = logging.getLogger("lmrl.workers")
+
+__all__ = ["RayBackend"]
+
+
+class RayBackend:
+    """Start Ray and the worker groups of a run.
+
+    Args:
+        cfg: the resolved config (``resources`` places the workers).
+        total_steps: training steps, for the learning-rate schedules.
+
+    Raises:
+        lmrl.errors.LmrlError: Ray missing, the cluster too small, or a worker failing to
+            start (everything started so far is stopped first).
+    """
+
+    def __init__(self, cfg: Config, total_steps: int) -> None:
+        from lmrl.workers.ray_cluster import RayCluster
+
+        self.cluster = RayCluster(cfg.resources, device=cfg.trainer.device)
+        self.groups: list[RayWorkerGroup] = []
+        self.cluster.start()
+        try:
+            self._start(cfg, total_steps)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, cfg: Config, total_steps: int) -> None:
+        r = cfg.resources
+        use_gpu = self.cluster.use_gpu
+        world = r.nnodes * r.n_gpus_per_node
+        separate_critic = cfg.critic.enable and r.critic_workers > 0
+        roles = ["actor", "reward"]
+        if cfg.critic.enable and not separate_critic:
+            roles.append("critic")
+        main = RayWorkerGroup("actor", self.cluster, cfg, roles, world, use_gpu, total_steps)
+        self.groups.append(main)
+        critic_group = main
+        if separate_critic:
+            critic_group = RayWorkerGroup(
+                "critic", self.cluster, cfg, ["critic"], r.critic_workers, use_gpu, total_steps
+            )
+            self.groups.append(critic_group)
+        parts = set(main.infos[0]["parts"]) | set(critic_group.infos[0]["parts"])
+        self.actor = GroupActor(main)
+        self.engine = GroupEngine(main)
+        self.reward = GroupReward(main)
+        self.reference = GroupReference(main) if "reference" in parts else None
+        self.critic = GroupCritic(critic_group) if "critic" in parts else None
+        log.info(
+            "ray: %d %s workers (%s)%s", world, "GPU" if use_gpu else "CPU",
+            ", ".join(roles),
+            f"; critic pool of {r.critic_workers}" if separate_critic else "",
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the groups, then the Ray instance this run started (safe to call twice)."""
+        groups, self.groups = self.groups, []
+        for group in groups:
+            group.close()
+        self.cluster.stop()

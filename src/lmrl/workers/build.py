@@ -1,0 +1,119 @@
+"""The workers of a run, built from its config: the same code for one process and for a rank.
+
+``build_workers`` loads the policy (with LoRA), the reference, the actor, the critic and the
+rollout engine in the order ``build_run`` always used, so a rank of a Ray group, seeded the
+same way, starts from exactly the weights of the local run (a critic's value head is drawn
+from the global RNG right after the policy is loaded). The local backend calls it once in the
+driver; the Ray backend calls it in every rank with that rank's data parallelism.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from lmrl.config import Config
+from lmrl.models import apply_lora, build_reference, load_causal_lm
+from lmrl.models.critic import load_critic
+from lmrl.rollout import build_engine
+from lmrl.workers.actor import ActorWorker
+from lmrl.workers.critic import CriticWorker
+from lmrl.workers.reference import ReferenceWorker
+
+__all__ = ["Workers", "build_workers", "seed_everything"]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Workers:
+    """What ``build_workers`` made; ``None`` marks a part the run (or this rank) does not use.
+
+    Attributes:
+        policy: the actor's model (the ``hf`` engine generates with this very module).
+        actor, critic, reference: the workers. ``reference`` is None when no stage needs
+            ``ref_log_probs`` (the full KL runs the reference inside the actor's update).
+        engine: the rollout engine over ``policy``.
+    """
+
+    policy: torch.nn.Module | None
+    actor: ActorWorker | None
+    critic: CriticWorker | None
+    reference: ReferenceWorker | None
+    engine: Any
+
+
+def build_workers(
+    cfg: Config,
+    tokenizer,
+    device: torch.device,
+    *,
+    total_steps: int,
+    train: bool = True,
+    roles: frozenset[str] = frozenset({"actor", "critic"}),
+    dp=None,
+) -> Workers:
+    """Load the models and wrap them in workers.
+
+    Args:
+        cfg: the resolved config.
+        tokenizer: the policy's tokenizer (the engine decodes stop strings with it).
+        device: where the models live.
+        total_steps: training steps, for the learning-rate schedules.
+        train: False builds only the policy and the engine (``lmrl eval``).
+        roles: ``actor`` (policy, reference, actor, engine) and/or ``critic``; a separate
+            critic pool builds ``{"critic"}`` only.
+        dp: the data parallelism of this rank (``lmrl.workers.dist``); None = one process.
+    """
+    policy = actor = critic = reference = engine = None
+    if "actor" in roles:
+        policy = load_causal_lm(
+            cfg.model.path, dtype=cfg.model.dtype, device=device,
+            trust_remote_code=cfg.model.trust_remote_code,
+            gradient_checkpointing=cfg.model.enable_gradient_checkpointing and train,
+        )  # fmt: skip
+        if cfg.model.lora_rank > 0:
+            policy = apply_lora(policy, cfg.model.lora_rank, cfg.model.lora_alpha,
+                                cfg.model.target_modules)  # fmt: skip
+    if train and "actor" in roles:
+        # built before any update: a frozen copy of the initial policy, or LoRA disabled
+        if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+            reference = ReferenceWorker(
+                build_reference(policy),
+                cfg.ref.log_prob_micro_batch_size,
+                cfg.rollout.temperature,
+            )
+        actor = ActorWorker(
+            policy, cfg.actor, rollout_n=cfg.rollout.n,
+            max_response_length=cfg.data.max_response_length,
+            temperature=cfg.rollout.temperature,
+            log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size,
+            total_steps=total_steps, seed=cfg.trainer.seed,
+            reference=reference.reference if reference is not None else None, dp=dp,
+        )  # fmt: skip
+        policy = actor.model  # as the data parallelism prepared it
+        if not (cfg.algorithm.use_kl_in_reward or (cfg.actor.use_kl_loss and not actor.full_kl)):
+            reference = None  # the full KL runs the reference inside the update: no ref stage
+    if train and "critic" in roles and cfg.critic.enable:
+        critic_model = load_critic(
+            cfg.critic.model.path, dtype=cfg.model.dtype, device=device,
+            trust_remote_code=cfg.model.trust_remote_code,
+            gradient_checkpointing=cfg.critic.model.enable_gradient_checkpointing,
+        )  # fmt: skip
+        critic = CriticWorker(
+            critic_model, cfg.critic, rollout_n=cfg.rollout.n,
+            max_response_length=cfg.data.max_response_length,
+            total_steps=total_steps, seed=cfg.trainer.seed, dp=dp,
+        )  # fmt: skip
+    if policy is not None:
+        engine = build_engine(cfg.rollout.name, policy, tokenizer, seed=cfg.trainer.seed)
+    return Workers(policy=policy, actor=actor, critic=critic, reference=reference, engine=engine)

@@ -1,0 +1,502 @@
+"""Worker groups on Ray: the same workers in N processes, and the dispatch that splits, calls
+and gathers.
+
+A group is ``world_size`` Ray actors of one class, `RankWorker`; each is a
+``torch.distributed`` rank (gloo on CPU, NCCL on GPU) that builds the ordinary workers of its
+roles with ``lmrl.workers.build.build_workers``: the actor (with its engine and reference)
+and, colocated or in a pool of its own, the critic, plus the reward scoring. The driver talks
+to a group through stand-ins with the methods of the local workers (`GroupActor`,
+`GroupEngine`, `GroupReference`, `GroupCritic`, `GroupReward`), so ``Trainer.step`` runs
+unchanged. How each call is dispatched:
+
+    generate            prompts cut into contiguous chunks, one per rank, each sampled with
+                        its position in the batch (``prompt_offset``), so the rollout is the
+                        one a single process samples; gathered with ``concat_rollouts``
+    log-probs, values   whole prompt groups split by token count (``partition_rows``),
+                        gathered in order
+    update_*            the whole batch to every rank (one object-store copy): each rank
+                        trains on its share of every mini-batch and the gradients are summed
+                        (``lmrl.workers.dist``); metrics from rank 0 (already summed)
+    reward              rows cut into contiguous chunks; scores and counters joined
+
+A worker that dies or raises ends the call with a `lmrl.errors.WorkerError` naming the group,
+rank, process and host, after the whole group is stopped (ranks waiting in a collective for
+a dead peer would otherwise hang). The remote traceback goes to the log, not the console.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from lmrl.batch import Batch
+from lmrl.config import Config
+from lmrl.errors import LmrlError, WorkerError
+from lmrl.rollout.merge import concat_rollouts
+from lmrl.workers.actor import UPDATE_KEYS as ACTOR_KEYS
+from lmrl.workers.critic import UPDATE_KEYS as CRITIC_KEYS
+from lmrl.workers.dist import DDP, partition_rows
+
+log = logging.getLogger("lmrl.workers")
+
+__all__ = [
+    "GroupActor",
+    "GroupCritic",
+    "GroupEngine",
+    "GroupReference",
+    "GroupReward",
+    "RankWorker",
+    "RayWorkerGroup",
+    "make_dp",
+]
+
+FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+
+
+def make_dp(strategy: str, rank: int, world_size: int, fsdp_config=None):
+    """The data parallelism of a rank: ``ddp`` (replicated weights) or ``fsdp2`` (sharded)."""
+    if strategy in ("fsdp2", "fsdp"):
+        from lmrl.workers.fsdp import FSDP2
+
+        offload = fsdp_config or {}
+        return FSDP2(rank, world_size, **offload)
+    return DDP(rank, world_size)
+
+
+# --------------------------------------------------------------------------- the rank side
+
+
+class RankWorker:
+    """One rank of a group: the workers of its roles, built in this process.
+
+    A plain class: ``RayWorkerGroup`` wraps it with ``ray.remote``; tests may call it directly.
+
+    Args:
+        group: the group's name (``actor``, ``critic``), for messages.
+        rank, world_size: this process's place in the group.
+        threads: torch intra-op threads (the CPUs Ray gave this actor).
+    """
+
+    def __init__(self, group: str, rank: int, world_size: int, threads: int = 1) -> None:
+        self.group, self.rank, self.world_size = group, rank, world_size
+        torch.set_num_threads(max(1, threads))
+        self.workers = None
+        self.reward = None
+        self.device = torch.device("cpu")
+
+    # -- set-up
+    def info(self) -> dict[str, Any]:
+        """Process id and host: what an error about this rank names."""
+        from lmrl.workers.ray_cluster import node_ip
+
+        return {"pid": os.getpid(), "node": node_ip()}
+
+    def master_address(self) -> tuple[str, int]:
+        """Rank 0's host and a free port on it, for ``torch.distributed``'s rendezvous."""
+        from lmrl.workers.ray_cluster import free_port, node_ip
+
+        host = node_ip()
+        return host, free_port(host)
+
+    def setup(
+        self, cfg: Config, roles: Sequence[str], master: tuple[str, int], total_steps: int
+    ) -> dict[str, Any]:
+        """Join the process group and build this rank's workers (seeded like the driver)."""
+        import torch.distributed as dist
+
+        from lmrl.models import load_tokenizer, resolve_device
+        from lmrl.workers.build import build_workers, seed_everything
+
+        device = resolve_device(cfg.trainer.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        host, port = master
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{host}:{port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=datetime.timedelta(minutes=30),
+        )
+        seed_everything(cfg.trainer.seed)
+        strategy = cfg.critic.strategy if self.group == "critic" else cfg.actor.strategy
+        offload = cfg.critic.fsdp_config if self.group == "critic" else cfg.actor.fsdp_config
+        dp = make_dp(strategy, self.rank, self.world_size, _offload(offload))
+        self.dp, self.device = dp, device
+        tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
+        roles = frozenset(roles)
+        self.workers = build_workers(
+            cfg, tokenizer, device, total_steps=total_steps, roles=roles, dp=dp
+        )
+        if "reward" in roles:
+            from lmrl.workers.reward import build_reward
+
+            self.reward = build_reward(cfg, tokenizer, device)
+        # a stream of its own for each rank (nothing in the step draws from it today)
+        torch.manual_seed(cfg.trainer.seed + 1_000_003 * (self.rank + 1))
+        w = self.workers
+        return {
+            **self.info(),
+            "pad_id": w.engine.pad_id if w.engine is not None else None,
+            "parts": [k for k in ("actor", "critic", "reference") if getattr(w, k) is not None],
+        }
+
+    def stop(self) -> None:
+        """Leave the process group and stop the reward workers."""
+        import torch.distributed as dist
+
+        if self.reward is not None:
+            self.reward.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # -- forward-only passes (every rank is called, so collectives line up under FSDP2)
+    def generate(self, prompts: Batch, n: int, sampling, prompt_offset: int) -> Batch | None:
+        w = self.workers
+        with self.dp.full_params(w.policy):
+            if len(prompts) == 0:
+                return None
+            out = w.engine.generate(
+                prompts.to(self.device), n, sampling, prompt_offset=prompt_offset
+            )
+        return out.to("cpu")
+
+    def actor_log_probs(self, batch: Batch) -> torch.Tensor:
+        return self._rows(lambda b: self.workers.actor.compute_log_probs(b)[0], batch)
+
+    def ref_log_probs(self, batch: Batch) -> torch.Tensor:
+        return self._rows(self.workers.reference.compute_log_probs, batch, self.workers.policy)
+
+    def values(self, batch: Batch) -> torch.Tensor:
+        return self._rows(self.workers.critic.compute_values, batch)
+
+    def _rows(self, fn, batch: Batch, model=None) -> torch.Tensor:
+        if len(batch) == 0:
+            model = model if model is not None else self._trained().model
+            with self.dp.full_params(model):
+                return torch.zeros(0, batch["responses"].shape[1])
+        return fn(batch.to(self.device)).cpu()
+
+    def _trained(self):
+        w = self.workers
+        return w.actor if w.actor is not None else w.critic
+
+    # -- updates (the whole batch on every rank)
+    def update_actor(self, batch: Batch, old_log_probs_from_update: bool) -> dict[str, float]:
+        metrics = self.workers.actor.update_policy(
+            batch.to(self.device), old_log_probs_from_update=old_log_probs_from_update
+        )
+        return {k: float(v) for k, v in metrics.items()}
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        metrics = self.workers.critic.update_critic(batch.to(self.device))
+        return {k: float(v) for k, v in metrics.items()}
+
+    # -- reward
+    def score(self, batch: Batch):
+        return self.reward(batch) if len(batch) else None
+
+    def check_dataset(self, data) -> None:
+        self.reward.check_dataset(data)
+
+    # -- checkpoints (every rank is called: gathering sharded state is collective)
+    def state(self, role: str) -> dict:
+        state = self._role(role).state_dict()
+        state["rank_rng"] = torch.get_rng_state()
+        return state
+
+    def load_state(self, role: str, state: dict) -> None:
+        self._role(role).load_state_dict(state)
+        if "rank_rng" in state:
+            torch.set_rng_state(state["rank_rng"])
+
+    def weights(self, role: str) -> dict[str, torch.Tensor] | None:
+        state = self._role(role).model_state()
+        return state if self.rank == 0 else None
+
+    def load_weights(self, role: str, state: dict[str, torch.Tensor]) -> None:
+        self._role(role).load_model_state(state)
+
+    def _role(self, role: str):
+        worker = getattr(self.workers, role)
+        if worker is None:
+            raise ValueError(f"rank {self.rank} of the {self.group} group has no {role}")
+        return worker
+
+
+def _offload(fsdp_config) -> dict[str, bool]:
+    if fsdp_config is None:
+        return {}
+    return {
+        "param_offload": bool(fsdp_config.param_offload),
+        "optimizer_offload": bool(fsdp_config.optimizer_offload),
+    }
+
+
+# ------------------------------------------------------------------------- the driver side
+
+
+class RayWorkerGroup:
+    """``world_size`` `RankWorker` actors placed on a placement group, and their dispatch.
+
+    Args:
+        name: the group's name (``actor`` or ``critic``), in process names and errors.
+        cluster: the run's ``lmrl.workers.ray_cluster.RayCluster`` (started).
+        cfg: the resolved config (pickled to every rank).
+        roles: what each rank builds: ``actor``, ``critic``, ``reward``.
+        world_size: ranks.
+        use_gpu: one GPU per rank (else one CPU process each).
+        total_steps: training steps, for the learning-rate schedules.
+    """
+
+    def __init__(
+        self, name: str, cluster, cfg: Config, roles: Sequence[str], world_size: int,
+        use_gpu: bool, total_steps: int,
+    ) -> None:  # fmt: skip
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.name, self.world_size = name, world_size
+        self.alive, self.ranks, self.placement = True, [], None
+        self.infos: list[dict] = [{} for _ in range(world_size)]
+        self.placement = cluster.placement_group(world_size, use_gpu=use_gpu, name=name)
+        remote = ray.remote(RankWorker)
+        threads = cluster.cpus_per_worker
+        self.ranks = [
+            remote.options(
+                num_cpus=threads,
+                num_gpus=1 if use_gpu else 0,
+                name=f"lmrl-{name}-{rank}-{os.getpid()}",
+                max_restarts=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement, placement_group_bundle_index=rank
+                ),
+                runtime_env={"env_vars": _worker_env(threads)},
+            ).remote(name, rank, world_size, threads)
+            for rank in range(world_size)
+        ]
+        self.infos = self._gather([r.info.remote() for r in self.ranks], "start")
+        master = self._gather([self.ranks[0].master_address.remote()], "start")[0]
+        self.infos = self._gather(
+            [r.setup.remote(cfg, list(roles), master, total_steps) for r in self.ranks], "set-up"
+        )
+
+    # -- calls
+    def call(self, method: str, *args, **kwargs) -> list:
+        """``method(*args)`` on every rank (arguments put in the object store once)."""
+        import ray
+
+        args = [ray.put(a) if isinstance(a, Batch | dict) else a for a in args]  # once for all
+        return self._gather([getattr(r, method).remote(*args, **kwargs) for r in self.ranks],
+                            method)  # fmt: skip
+
+    def call_one(self, rank: int, method: str, *args) -> Any:
+        """``method(*args)`` on one rank."""
+        return self._gather([getattr(self.ranks[rank], method).remote(*args)], method)[0]
+
+    def call_each(self, method: str, per_rank: Sequence[tuple]) -> list:
+        """``method(*per_rank[r])`` on rank ``r``."""
+        refs = [getattr(r, method).remote(*a) for r, a in zip(self.ranks, per_rank, strict=True)]
+        return self._gather(refs, method)
+
+    def map_rows(self, method: str, batch: Batch, keys: Sequence[str] = FORWARD_KEYS):
+        """A (B, T) result computed row-wise, the rows split across ranks by token count."""
+        batch = batch.select(*(k for k in keys if k in batch))
+        parts = partition_rows(batch, self.world_size)
+        results = self.call_each(method, [(batch.index(p),) for p in parts])
+        dtype = next(r.dtype for r, p in zip(results, parts, strict=True) if len(p))
+        out = torch.zeros(len(batch), batch["responses"].shape[1], dtype=dtype)
+        for part, result in zip(parts, results, strict=True):
+            if len(part):
+                out[torch.as_tensor(part)] = result
+        return out
+
+    def _gather(self, refs: list, what: str) -> list:
+        """Wait for every rank; on the first failure stop the group and raise `WorkerError`."""
+        import ray
+
+        pending = dict(zip(refs, range(len(refs)), strict=True))
+        results: list = [None] * len(refs)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            for ref in ready:
+                rank = pending.pop(ref)
+                try:
+                    results[rank] = ray.get(ref)
+                except Exception as err:
+                    self.kill()
+                    raise self._error(err, rank, what) from None
+        return results
+
+    def _error(self, err: Exception, rank: int, what: str) -> LmrlError:
+        import ray
+
+        info = self.infos[rank] if rank < len(self.infos) else {}
+        where = f"the {self.name} worker of rank {rank}"
+        if info:
+            where += f" (pid {info.get('pid')} on {info.get('node')})"
+        if isinstance(err, ray.exceptions.RayTaskError):
+            cause = err.cause if isinstance(err.cause, BaseException) else None
+            log.debug("%s failed in %s:\n%s", where, what, err)
+            if isinstance(cause, LmrlError):
+                return type(cause)(f"{where}: {cause}")
+            detail = f"{type(cause).__name__}: {cause}" if cause else str(err).splitlines()[0]
+            return WorkerError(f"{where} failed in {what}: {detail}")
+        if isinstance(err, ray.exceptions.RayActorError | ray.exceptions.ActorDiedError):
+            return WorkerError(f"{where} died during {what} (its process was killed or crashed)")
+        return WorkerError(f"{where} failed in {what}: {type(err).__name__}: {err}")
+
+    def kill(self) -> None:
+        """Stop every rank now (no graceful exit: a peer may be stuck in a collective)."""
+        import ray
+
+        for rank in self.ranks:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(rank, no_restart=True)
+        self.alive = False
+
+    def close(self) -> None:
+        """Let every rank leave its process group, then stop the actors and placement."""
+        import ray
+
+        if self.alive:
+            with contextlib.suppress(Exception):  # closing after a failure: kill below
+                ray.get([r.stop.remote() for r in self.ranks], timeout=30)
+        self.kill()
+        with contextlib.suppress(Exception):
+            ray.util.remove_placement_group(self.placement)
+
+
+def _worker_env(threads: int) -> dict[str, str]:
+    n = str(max(1, threads))
+    env = {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "TOKENIZERS_PARALLELISM": "false"}
+    for key in ("HF_HUB_OFFLINE", "HF_HOME", "TRANSFORMERS_OFFLINE"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+# ------------------------------------------------------------ stand-ins for the local workers
+
+
+class GroupEngine:
+    """The rollout engine of a group: each rank samples a contiguous chunk of the prompts."""
+
+    def __init__(self, group: RayWorkerGroup) -> None:
+        self.group = group
+        self.pad_id = group.infos[0]["pad_id"]
+
+    def generate(self, prompts: Batch, n: int = 1, sampling=None, prompt_offset: int = 0) -> Batch:
+        chunks = prompts.chunk(self.group.world_size)
+        offsets = np.cumsum([0] + [len(c) for c in chunks[:-1]]) + prompt_offset
+        outs = self.group.call_each(
+            "generate", [(c, n, sampling, int(o)) for c, o in zip(chunks, offsets, strict=True)]
+        )
+        outs = [o for o in outs if o is not None]
+        return outs[0] if len(outs) == 1 else concat_rollouts(outs, self.pad_id)
+
+
+class _Trained:
+    """Checkpoint methods of a trained role (state of rank 0, weights gathered by all)."""
+
+    role = ""
+
+    def __init__(self, group: RayWorkerGroup) -> None:
+        self.group = group
+
+    def state_dict(self) -> dict:
+        states = self.group.call("state", self.role)
+        state = states[0]
+        state["rank_rngs"] = [s.pop("rank_rng") for s in states]
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        rngs = state.get("rank_rngs")
+        per_rank = []
+        for rank in range(self.group.world_size):
+            s = {k: v for k, v in state.items() if k != "rank_rngs"}
+            if rngs is not None and len(rngs) == self.group.world_size:
+                s["rank_rng"] = rngs[rank]
+            per_rank.append((self.role, s))
+        self.group.call_each("load_state", per_rank)
+
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return self.group.call("weights", self.role)[0]
+
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        self.group.call("load_weights", self.role, state)
+
+
+class GroupActor(_Trained):
+    """The actor of a group: log-probs split across ranks; the update on every rank."""
+
+    role = "actor"
+
+    def compute_log_probs(self, batch: Batch, with_entropy: bool = False):
+        return self.group.map_rows("actor_log_probs", batch), None
+
+    def update_policy(self, batch: Batch, *, old_log_probs_from_update: bool = False) -> dict:
+        batch = batch.select(*(k for k in ACTOR_KEYS if k in batch))
+        metrics = self.group.call("update_actor", batch, old_log_probs_from_update)[0]
+        return {k: torch.tensor(v) for k, v in metrics.items()}
+
+
+class GroupCritic(_Trained):
+    """The critic of a group (colocated with the actor or in a pool of its own)."""
+
+    role = "critic"
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        return self.group.map_rows("values", batch)
+
+    def update_critic(self, batch: Batch) -> dict:
+        batch = batch.select(*(k for k in CRITIC_KEYS if k in batch))
+        metrics = self.group.call("update_critic", batch)[0]
+        return {k: torch.tensor(v) for k, v in metrics.items()}
+
+
+class GroupReference:
+    """The reference of a group: ``ref_log_probs`` split across ranks."""
+
+    def __init__(self, group: RayWorkerGroup) -> None:
+        self.group = group
+
+    def compute_log_probs(self, batch: Batch) -> torch.Tensor:
+        return self.group.map_rows("ref_log_probs", batch)
+
+
+class GroupReward:
+    """Reward scoring on the ranks: contiguous chunks of rows, results joined in order."""
+
+    def __init__(self, group: RayWorkerGroup) -> None:
+        self.group = group
+
+    def __call__(self, batch: Batch):
+        from lmrl.rewards.managers import RewardResult
+
+        chunks = batch.chunk(self.group.world_size)
+        results = [
+            r for r in self.group.call_each("score", [(c,) for c in chunks]) if r is not None
+        ]
+        extras = {
+            k: np.concatenate([np.asarray(r.extras[k]) for r in results]) for k in results[0].extras
+        }
+        metrics: dict[str, float] = {}
+        for r in results:
+            for k, v in r.metrics.items():
+                metrics[k] = metrics.get(k, 0.0) + float(v)
+        scores = torch.cat([r.token_level_scores for r in results])
+        return RewardResult(token_level_scores=scores, extras=extras, metrics=metrics)
+
+    def check_dataset(self, data) -> None:
+        self.group.call_one(0, "check_dataset", data)
+
+    def close(self) -> None:
+        """The ranks stop their reward workers when the group closes."""

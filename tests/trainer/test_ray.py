@@ -1,0 +1,162 @@
+"""``trainer.backend=ray``: the same run on 2 Ray CPU workers (gloo) as in one process.
+
+Every test starts a private Ray instance on loopback through the run itself and checks that
+no Ray process outlives it. Runs are float64: Adam turns float-rounding noise in gradients
+that are zero in exact arithmetic (a key projection's bias) into full-size steps, so in
+float32 two correct summation orders disagree far above 1e-5; in float64 they agree to ~1e-12.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmrl.config import load_config
+from lmrl.errors import WorkerError
+from lmrl.trainer import Trainer, build_run
+from lmrl.trainer.checkpoint import latest_checkpoint
+
+pytest.importorskip("ray")
+
+RAY = ["trainer.backend=ray", "resources.n_gpus_per_node=2", "resources.num_cpus=2"]
+EXACT = ["model.dtype=float64", "trainer.total_training_steps=3", "rollout.n=4"]
+# a dense reward, so every group has spread and every step moves the weights
+REWARD_FILE = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    digits = sum(ch.isdigit() for ch in solution_str)
+    return digits / max(len(solution_str), 1) + 0.05 * len(solution_str)
+"""
+
+
+def _overrides(tiny_overrides, root: Path, run_dir: Path, *extra: str) -> list[str]:
+    reward = run_dir.parent / "reward.py"
+    reward.parent.mkdir(parents=True, exist_ok=True)
+    reward.write_text(REWARD_FILE)
+    return tiny_overrides(
+        root, run_dir, *EXACT, f"reward.custom_reward_function.path={reward}", *extra
+    )
+
+
+def _train(overrides: list[str], on_stage=None) -> Trainer:
+    cfg = load_config(None, overrides)
+    trainer = Trainer(build_run(cfg), cfg.trainer, on_stage=on_stage)
+    trainer.fit()
+    return trainer
+
+
+def _weights(run_dir: Path, name: str = "actor") -> dict[str, torch.Tensor]:
+    return load_file(latest_checkpoint(run_dir) / f"{name}.safetensors")
+
+
+def _assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-9, msg=key)
+
+
+def _ray_processes(marker: str = "lmrl-ray") -> list[str]:
+    """Command lines of live processes that belong to a Ray instance started by lmrl."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if marker in cmd and ("raylet" in cmd or "gcs_server" in cmd or "default_worker" in cmd):
+            found.append(f"{pid}: {cmd[:160]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference_runs(tiny_workspace, tiny_overrides, tmp_path_factory):
+    """GRPO for 3 steps, locally and on Ray (shared by the tests below)."""
+    root = tmp_path_factory.mktemp("ray-grpo")
+    local, ray_dir = root / "local", root / "ray"
+    _train(_overrides(tiny_overrides, tiny_workspace, local))
+    trainer = _train(_overrides(tiny_overrides, tiny_workspace, ray_dir, *RAY))
+    return {"local": local, "ray": ray_dir, "trainer": trainer}
+
+
+def test_grpo_on_two_ray_workers_equals_one_process(reference_runs, tiny_workspace):
+    local, ray_run = _weights(reference_runs["local"]), _weights(reference_runs["ray"])
+    _assert_same(local, ray_run)
+    start = load_file(tiny_workspace / "model" / "model.safetensors")
+    moved = max(float((local[k] - start[k].double()).abs().max()) for k in start)
+    assert moved > 1e-3  # the runs trained: equal weights are not the initial ones
+    assert not _ray_processes()
+
+
+def test_ppo_with_a_critic_on_two_ray_workers_equals_one_process(
+    tiny_workspace, tiny_overrides, tmp_path
+):
+    extra = ("algorithm.adv_estimator=gae", "critic.optim.lr=1e-2")
+    _train(_overrides(tiny_overrides, tiny_workspace, tmp_path / "local", *extra))
+    _train(_overrides(tiny_overrides, tiny_workspace, tmp_path / "ray", *extra, *RAY))
+    for name in ("actor", "critic"):
+        _assert_same(_weights(tmp_path / "local", name), _weights(tmp_path / "ray", name))
+    assert not _ray_processes()
+
+
+def test_killed_driver_resumes_to_the_uninterrupted_run(
+    reference_runs, tiny_workspace, tiny_overrides, tmp_path
+):
+    run_dir = tmp_path / "killed"
+    overrides = _overrides(tiny_overrides, tiny_workspace, run_dir, *RAY)
+    fault = Path(__file__).with_name("fault_run.py")
+    proc = subprocess.run(
+        [sys.executable, str(fault), "update_actor@2", *overrides],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    assert latest_checkpoint(run_dir).name == "global_step_1"
+    _wait_for(lambda: not _ray_processes(), 30)  # the reaper stops the killed driver's Ray
+    _train(overrides)  # resumes from global_step_1
+    _assert_same(_weights(reference_runs["ray"]), _weights(run_dir))
+
+
+def test_a_killed_worker_ends_the_run_with_its_name_and_the_last_checkpoint(
+    tiny_workspace, tiny_overrides, tmp_path
+):
+    run_dir = tmp_path / "worker-killed"
+    overrides = _overrides(tiny_overrides, tiny_workspace, run_dir, *RAY)
+    cfg = load_config(None, overrides)
+    parts = build_run(cfg)
+    victim = parts.backend.groups[0].infos[1]["pid"]
+    seen = {"n": 0}
+
+    def kill_rank_1(stage: str) -> None:
+        if stage == "update_actor":
+            seen["n"] += 1
+            if seen["n"] == 2:
+                os.kill(victim, signal.SIGKILL)
+
+    trainer = Trainer(parts, cfg.trainer, on_stage=kill_rank_1)
+    with pytest.raises(WorkerError) as err:
+        trainer.fit()
+    text = str(err.value)
+    assert "rank 1" in text and str(victim) in text and "died" in text
+    assert "global_step_1" in text and "resume" in text
+    assert "Traceback" not in text and len(text.splitlines()) == 1
+    assert latest_checkpoint(run_dir).name == "global_step_1"
+    assert not _ray_processes()
+    _train(overrides)  # and a resume from there finishes
+    assert latest_checkpoint(run_dir).name == "global_step_3"
+
+
+def _wait_for(condition, seconds: float) -> None:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still running after {seconds}s: {_ray_processes()}")
+        time.sleep(0.5)

@@ -1,0 +1,112 @@
+"""Data parallelism: the token-balanced partition, and an update over 2 gloo ranks (DDP) equal
+to the single-process update on the same batch, for the actor and the critic.
+
+The ranks are plain processes here (``torch.multiprocessing``); the Ray tests run the same
+workers inside Ray actors.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from lmrl.models import load_causal_lm
+from lmrl.models.critic import load_critic
+from lmrl.workers.actor import ActorWorker
+from lmrl.workers.critic import CriticWorker
+from lmrl.workers.dist import DDP, balanced_partition
+
+from .conftest import N, actor_config, add_log_probs, critic_config, make_batch
+
+
+@pytest.mark.parametrize("n,parts", [(6, 2), (7, 3), (2, 2), (5, 1), (9, 4)])
+def test_balanced_partition_covers_every_row_once_with_equal_counts(n, parts):
+    lengths = torch.tensor([(i * 7919) % 13 + 1 for i in range(n)])
+    groups = balanced_partition(lengths, parts)
+    assert len(groups) == parts
+    assert sorted(np.concatenate(groups).tolist()) == list(range(n))
+    sizes = [len(g) for g in groups]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_balanced_partition_balances_tokens():
+    lengths = torch.tensor([100, 1, 1, 1, 90, 2, 2, 3])
+    loads = [int(lengths[g].sum()) for g in balanced_partition(lengths, 2)]
+    assert sorted(loads) == [97, 103]  # not [104, 96] as a contiguous cut would give
+    # deterministic: every rank computes the same partition
+    again = balanced_partition(lengths, 2)
+    assert all((a == b).all() for a, b in zip(balanced_partition(lengths, 2), again, strict=True))
+
+
+def _rank(rank: int, world: int, port: int, model_dir: str, kind: str, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        _update(model_dir, kind, DDP(rank, world), out if rank == 0 else None)
+    finally:
+        dist.destroy_process_group()
+
+
+def _update(model_dir: str, kind: str, dp, out: str | None) -> None:
+    """Two updates (2 epochs x 2 shuffled mini-batches x micro-batches of 2); save weights."""
+    torch.manual_seed(0)
+    batch = make_batch(seed=3)
+    common = {"rollout_n": N, "max_response_length": 4, "total_steps": 10, "dp": dp}
+    if kind == "actor":
+        model = load_causal_lm(model_dir, dtype="float64", device="cpu")
+        cfg = actor_config(ppo_mini_batch_size=2, ppo_micro_batch_size=2, shuffle=True,
+                           ppo_epochs=2, clip_ratio=0.1)  # fmt: skip
+        worker = ActorWorker(model, cfg, temperature=0.8, log_prob_micro_batch_size=None,
+                             **common)  # fmt: skip
+        add_log_probs(batch, worker)
+        metrics = [worker.update_policy(batch) for _ in range(2)]
+    else:
+        model = load_critic(model_dir, dtype="float64", device="cpu")
+        cfg = critic_config(ppo_mini_batch_size=2, ppo_micro_batch_size=2, shuffle=True)
+        worker = CriticWorker(model, cfg, **common)
+        batch["values"] = worker.compute_values(batch)
+        noise = torch.randn(batch["values"].shape, generator=torch.Generator().manual_seed(5))
+        batch["returns"] = torch.where(batch["response_mask"], noise, 0.0)
+        metrics = [worker.update_critic(batch) for _ in range(2)]
+    if out is not None:
+        metrics = [{k: float(v) for k, v in m.items()} for m in metrics]
+        torch.save({"weights": worker.model_state(), "metrics": metrics}, out)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["actor", "critic"])
+def test_ddp_update_over_two_ranks_equals_the_single_process_update(tiny_dir, tmp_path, kind):
+    from lmrl.workers.dist import DataParallel
+
+    local = tmp_path / "local.pt"
+    _update(str(tiny_dir), kind, DataParallel(), str(local))
+    shared = tmp_path / "ddp.pt"
+    mp.start_processes(_rank, args=(2, _free_port(), str(tiny_dir), kind, str(shared)),
+                       nprocs=2, start_method="spawn")  # fmt: skip
+    a, b = torch.load(local), torch.load(shared)
+    assert a["weights"].keys() == b["weights"].keys()
+    moved = 0.0
+    for name, w in a["weights"].items():
+        torch.testing.assert_close(b["weights"][name], w, rtol=1e-5, atol=1e-7, msg=name)
+    # the update really moved the weights (so equality is not trivially of the initial ones)
+    start = (load_causal_lm if kind == "actor" else load_critic)(str(tiny_dir), dtype="float64",
+                                                                 device="cpu").state_dict()  # fmt: skip
+    moved = max(float((a["weights"][k] - start[k]).abs().max()) for k in a["weights"] if k in start)
+    assert moved > 1e-4
+    for ma, mb in zip(a["metrics"], b["metrics"], strict=True):
+        assert ma.keys() == mb.keys()
+        for k in ma:
+            assert mb[k] == pytest.approx(ma[k], rel=1e-4, abs=1e-6), k
