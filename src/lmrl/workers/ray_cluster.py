@@ -3,7 +3,8 @@
 ``RayCluster(cfg.resources, device)``:
 
 - with ``resources.ray_address`` unset, ``start`` runs a private Ray instance for this run:
-  bound to ``127.0.0.1``, no dashboard, no usage report, its own short temp directory
+  every server bound to ``127.0.0.1`` (Ray's single-machine mode), no dashboard, no usage
+  report, its own short temp directory
   (``/tmp/lmrl-ray-<pid>-<n>``, which every one of its processes names on its command line).
   ``stop`` shuts it down and kills whatever process of that directory is left. A driver killed
   outright (SIGKILL) runs no ``finally``: a small reaper process, started with the instance in
@@ -92,12 +93,45 @@ def kill_processes(temp_dir: str, timeout_s: float = 10.0) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
+def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
+    """None when a TCP connection to ``host:port`` opens, else why not."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return "expected host:port (or auto)"
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return None
+    except OSError as err:
+        return f"nothing answers there ({err.strerror or err})"
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
     except OSError:
         return False
     return state != "Z"  # a zombie is dead, waiting for its parent
+
+
+_LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def _loopback_only(ray, on: bool) -> None:
+    """Keep a private instance on 127.0.0.1, or undo that.
+
+    Ray replaces a loopback ``node_ip_address`` by the machine's routable address so that
+    other nodes can reach it, and binds its servers there. Its single-machine mode (what it
+    uses on macOS and Windows) keeps every server on loopback: set through the environment for
+    the processes the instance starts, and in the already imported constants of this one.
+    """
+    from ray._private import ray_constants
+
+    if on:
+        os.environ[_LOOPBACK_ENV] = "0"
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    else:
+        os.environ.pop(_LOOPBACK_ENV, None)
+        ray_constants.ENABLE_RAY_CLUSTER = True
 
 
 class RayCluster:
@@ -151,6 +185,7 @@ class RayCluster:
              self.temp_dir],
             start_new_session=True, stdin=subprocess.DEVNULL,
         )  # fmt: skip
+        _loopback_only(ray, True)
         ray.init(
             _node_ip_address="127.0.0.1",
             include_dashboard=False,
@@ -163,13 +198,19 @@ class RayCluster:
         log.info("ray: started a local instance (%s)", self.temp_dir)
 
     def _join(self, ray) -> None:
+        hint = ("start one with `ray start --head --node-ip-address=<ip> --port=6379`, or "
+                "unset resources.ray_address for a local instance")  # fmt: skip
+        if self.address != "auto":
+            problem = _unreachable(self.address)
+            if problem:  # Ray itself would retry for minutes
+                raise RayError(f"cannot join the Ray cluster at resources.ray_address="
+                               f"{self.address!r}: {problem}; {hint}")  # fmt: skip
         try:
             ray.init(address=self.address, log_to_driver=True, configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as err:
             raise RayError(
                 f"cannot join the Ray cluster at resources.ray_address={self.address!r}: "
-                f"{str(err).splitlines()[0]}; start one with `ray start --head "
-                "--node-ip-address=<ip> --port=6379` or unset resources.ray_address"
+                f"{str(err).splitlines()[0]}; {hint}"
             ) from None
         log.info("ray: joined the cluster at %s", self.address)
 
@@ -202,6 +243,8 @@ class RayCluster:
 
             if ray.is_initialized():
                 ray.shutdown()
+            if self.temp_dir is not None:
+                _loopback_only(ray, False)
         if self.temp_dir is not None:
             left = kill_processes(self.temp_dir)
             if left:
