@@ -15,6 +15,11 @@ if "HF_HOME" not in os.environ:  # a fresh cache dir, removed when the session e
     atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -42,3 +47,38 @@ def tiny_workspace(tmp_path_factory):
     build_tiny_model(root / "model", arch="qwen2", size="tiny", seed=0)
     write_task("digits", root / "data", seed=0, num_train=16, num_test=4)
     return root
+
+
+@pytest.fixture
+def two_ray_nodes():
+    """A head and a second node started with ``ray start`` on this machine, 1 CPU each.
+
+    Asked for 127.0.0.1, Ray advertises the machine's own address: its single-machine
+    (loopback-only) mode refuses a second node. The traffic stays on this machine either way.
+    """
+    from lmrl.workers.ray_cluster import free_port, kill_processes, ray_processes
+
+    port = free_port()
+    temp_dir = f"/tmp/lmrl-ray-2n-{os.getpid()}"
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--num-gpus=0",
+              "--disable-usage-stats"]  # fmt: skip
+    subprocess.run(
+        [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}",
+         "--include-dashboard=false", *common],
+        check=True, env=env, capture_output=True, timeout=120,
+    )  # fmt: skip
+    try:
+        subprocess.run(
+            [ray_bin, "start", f"--address=127.0.0.1:{port}", *common],
+            check=True, env=env, capture_output=True, timeout=120,
+        )  # fmt: skip
+        yield f"127.0.0.1:{port}", temp_dir
+    finally:
+        # never `ray stop`: it would stop every Ray process of the machine
+
+        kill_processes(temp_dir)
+        deadline = time.monotonic() + 30
+        while ray_processes(temp_dir) and time.monotonic() < deadline:
+            time.sleep(0.3)

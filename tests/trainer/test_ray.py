@@ -160,3 +160,56 @@ def _wait_for(condition, seconds: float) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"still running after {seconds}s: {_ray_processes()}")
         time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_two_ray_nodes_run_a_step(two_ray_nodes, tiny_workspace, tiny_overrides, tmp_path):
+    address, _ = two_ray_nodes
+    run_dir = tmp_path / "two-nodes"
+    extra = ("trainer.backend=ray", f"resources.ray_address={address}", "resources.nnodes=2",
+             "resources.n_gpus_per_node=1", "trainer.total_training_steps=1")  # fmt: skip
+    cfg = load_config(None, _overrides(tiny_overrides, tiny_workspace, run_dir, *extra))
+    parts = build_run(cfg)
+    nodes = {info["node"] for info in parts.backend.groups[0].infos}
+    history = Trainer(parts, cfg.trainer).fit()
+    assert len(history) == 1 and latest_checkpoint(run_dir).name == "global_step_1"
+    assert len(nodes) == 1  # two Ray nodes of one machine share its address...
+    import ray
+
+    assert not ray.is_initialized()  # ...and the driver left the cluster, still running
+    assert _ray_processes()
+
+
+def test_a_separate_critic_pool_trains_like_the_colocated_critic(
+    tiny_workspace, tiny_overrides, tmp_path
+):
+    extra = (
+        "algorithm.adv_estimator=gae",
+        "critic.optim.lr=1e-2",
+        "trainer.total_training_steps=2",
+    )
+    pooled = (*RAY, "resources.num_cpus=3", "resources.critic_workers=1")
+    _train(_overrides(tiny_overrides, tiny_workspace, tmp_path / "local", *extra))
+    trainer = _train(_overrides(tiny_overrides, tiny_workspace, tmp_path / "pool", *extra, *pooled))
+    assert trainer.parts is not None
+    for name in ("actor", "critic"):
+        _assert_same(_weights(tmp_path / "local", name), _weights(tmp_path / "pool", name))
+    assert not _ray_processes()
+
+
+def test_a_worker_exception_comes_back_as_one_line(tiny_workspace, tiny_overrides, tmp_path):
+    bad = tmp_path / "bad_reward.py"
+    bad.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                   "    raise KeyError('no such column: answer')\n")  # fmt: skip
+    overrides = _overrides(
+        tiny_overrides, tiny_workspace, tmp_path / "bad", *RAY,
+        f"reward.custom_reward_function.path={bad}",
+    )  # fmt: skip
+    from lmrl.errors import LmrlError
+
+    with pytest.raises(LmrlError) as err:
+        _train(overrides)
+    text = str(err.value)
+    assert "actor worker of rank" in text and "no such column: answer" in text
+    assert "Traceback" not in text and "ray" not in text.lower().replace("array", "")
+    assert not _ray_processes()

@@ -3,14 +3,12 @@ joined clusters left running, and two Ray nodes on this machine placing one work
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -83,41 +81,9 @@ def test_joining_an_address_with_no_cluster_fails_fast_with_the_key():
     assert not ray.is_initialized()
 
 
-@pytest.fixture
-def two_nodes(tmp_path):
-    """A head and a second node started with ``ray start`` on this machine, 1 CPU each.
-
-    Asked for 127.0.0.1, Ray advertises the machine's own address: its single-machine
-    (loopback-only) mode refuses a second node. The traffic stays on this machine either way.
-    """
-    port = free_port()
-    temp_dir = f"/tmp/lmrl-ray-2n-{os.getpid()}"
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    ray_bin = str(Path(sys.executable).with_name("ray"))
-    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--num-gpus=0",
-              "--disable-usage-stats"]  # fmt: skip
-    subprocess.run(
-        [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}",
-         "--include-dashboard=false", *common],
-        check=True, env=env, capture_output=True, timeout=120,
-    )  # fmt: skip
-    try:
-        subprocess.run(
-            [ray_bin, "start", f"--address=127.0.0.1:{port}", *common],
-            check=True, env=env, capture_output=True, timeout=120,
-        )  # fmt: skip
-        yield f"127.0.0.1:{port}", temp_dir
-    finally:
-        # never `ray stop`: it would stop every Ray process of the machine
-        from lmrl.workers.ray_cluster import kill_processes
-
-        kill_processes(temp_dir)
-        _wait_gone(temp_dir, 30)
-
-
 @pytest.mark.slow
-def test_two_nodes_on_loopback_place_one_worker_each(two_nodes):
-    address, temp_dir = two_nodes
+def test_two_nodes_on_loopback_place_one_worker_each(two_ray_nodes):
+    address, temp_dir = two_ray_nodes
     resources = replace(ResourcesConfig(), ray_address=address, nnodes=2, n_gpus_per_node=1)
     cluster = RayCluster(resources, device="cpu").start()
     try:
