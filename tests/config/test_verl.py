@@ -370,7 +370,7 @@ def test_gpu_only_keys_give_one_notice_each_and_change_nothing():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("reward_model.enable=True", "model-based rewards are not available in lmrl"),
+        ("reward_model.enable=True", "needs reward_model.model.path"),
         ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn rollout"),
         ("algorithm.use_pf_ppo=true", "PF-PPO"),
         ("trainer.val_only=true", "lmrl eval"),
@@ -499,7 +499,6 @@ def test_verl_layout_yaml_file(tmp_path):
         "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
         "actor_rollout_ref.rollout.gpu_memory_utilization",
         "actor_rollout_ref.ref.fsdp_config.param_offload",
-        "reward_model.enable",
     } == noticed
     assert all(f"in {path}" in n for n in notices)
 

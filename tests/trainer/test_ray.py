@@ -213,3 +213,31 @@ def test_a_worker_exception_comes_back_as_one_line(tiny_workspace, tiny_override
     assert "actor worker of rank" in text and "no such column: answer" in text
     assert "Traceback" not in text and "ray" not in text.lower().replace("array", "")
     assert not _ray_processes()
+
+
+def test_ctrl_c_of_the_terminal_saves_and_stops_every_ray_process(
+    tiny_workspace, tiny_overrides, tmp_path
+):
+    """SIGINT to the driver's whole process group, as a terminal's Ctrl-C sends it."""
+    import time
+
+    run_dir = tmp_path / "interrupted"
+    overrides = _overrides(tiny_overrides, tiny_workspace, run_dir, *RAY,
+                           "trainer.total_training_steps=1000", "trainer.save_freq=-1",
+                           "trainer.logger=[jsonl]")  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmrl.cli", "train", *overrides],
+        start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "saving after this step" in err
+    saved = latest_checkpoint(run_dir)
+    assert saved is not None and int(saved.name.rsplit("_", 1)[1]) >= 2
+    _wait_for(lambda: not _ray_processes(), 30)

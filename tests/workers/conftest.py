@@ -153,3 +153,21 @@ def assert_grads_close(a: dict, b: dict, tol: float) -> None:
     assert a.keys() == b.keys() and a
     for name, g in b.items():
         assert (a[name] - g).abs().max() <= tol * g.abs().max().clamp(min=1e-12), name
+
+
+@pytest.fixture(scope="session")
+def tiny_overrides_rm():
+    """``tiny_overrides_rm(root, run_dir, *extra)``: a 2-step GRPO run of the tiny model."""
+
+    def overrides(root, run_dir, *extra):
+        return [
+            f"model.path={root / 'model'}",
+            f"data.train_files={root / 'data' / 'train.parquet'}",
+            "data.max_prompt_length=64", "data.max_response_length=6",
+            "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=2",
+            "model.enable_gradient_checkpointing=false", "trainer.device=cpu",
+            "trainer.total_training_steps=2", f"trainer.default_local_dir={run_dir}",
+            "reward.num_workers=0", *extra,
+        ]  # fmt: skip
+
+    return overrides

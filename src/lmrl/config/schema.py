@@ -239,6 +239,43 @@ class RewardConfig:
     overlong_buffer: OverlongBufferConfig = opt(OverlongBufferConfig(), "DAPO overlong penalty.")
 
 
+@dataclass
+class RewardModelModelConfig:
+    """The reward model's weights: a sequence-classification model with one label."""
+
+    path: str | None = opt(
+        None, "Directory of an AutoModelForSequenceClassification with num_labels=1."
+    )
+    input_tokenizer: str | None = opt(
+        None,
+        "The policy's tokenizer when it differs from the reward model's: responses are decoded "
+        "and re-tokenized with the reward model's own tokenizer (and its chat template); "
+        "null = the reward model reads the policy's token ids as they are.",
+    )
+    trust_remote_code: bool = opt(False, "Allow the reward model's own modelling code.")
+
+
+@dataclass
+class RewardModelConfig:
+    """A learned reward: a sequence-classification model's score of each (prompt, response)."""
+
+    enable: bool = opt(False, "Score responses with a reward model (reward_model.model.path).")
+    model: RewardModelModelConfig = opt(RewardModelModelConfig(), "The reward model.")
+    micro_batch_size: int | None = opt(
+        None, "Sequences per reward-model forward pass; null = all at once."
+    )
+    max_length: int | None = opt(
+        None, "Truncate longer (prompt + response) inputs from the left; null = no limit."
+    )
+    coef: float = opt(1.0, "Weight of the reward model's score in the reward.")
+    rule_reward: bool = opt(
+        True,
+        "true = the score functions' reward plus coef * the model's score; false = the "
+        "model's score alone (verl's behaviour with a reward model; data sources need no "
+        "scorer).",
+    )
+
+
 # ------------------------------------------------------------------------------------------
 # algorithm
 # ------------------------------------------------------------------------------------------
@@ -535,6 +572,7 @@ class Config:
     model: ModelConfig = opt(ModelConfig(), "Policy model.")
     rollout: RolloutConfig = opt(RolloutConfig(), "Generation.")
     reward: RewardConfig = opt(RewardConfig(), "Scoring.")
+    reward_model: RewardModelConfig = opt(RewardModelConfig(), "Model-based reward.")
     algorithm: AlgorithmConfig = opt(AlgorithmConfig(), "Advantages and KL in the reward.")
     actor: ActorConfig = opt(ActorConfig(), "Policy update.")
     critic: CriticConfig = opt(CriticConfig(), "Value function.")

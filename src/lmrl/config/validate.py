@@ -419,6 +419,11 @@ class _Checks:
     # ---------------------------------------------------------------- combinations
     def combinations(self) -> None:
         c = self.cfg
+        if c.reward_model.enable and not c.reward_model.model.path:
+            self.errors.append(
+                "reward_model.enable=true needs reward_model.model.path=<a sequence-"
+                "classification model with num_labels=1>"
+            )
         needs = estimator_needs(c.algorithm.adv_estimator) or frozenset()
         if "values" in needs and not c.critic.enable:
             self.errors.append(

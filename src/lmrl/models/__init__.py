@@ -19,7 +19,7 @@ from lmrl.models.loading import (
 )
 from lmrl.models.lora import apply_lora, export_merged, is_lora, load_lora, merge_lora, save_lora
 from lmrl.models.reference import Reference, build_reference
-from lmrl.models.tiny import build_tiny_model, build_tokenizer
+from lmrl.models.tiny import build_tiny_model, build_tiny_reward_model, build_tokenizer
 
 __all__ = [
     "ModelPathError",
@@ -27,6 +27,7 @@ __all__ = [
     "apply_lora",
     "build_reference",
     "build_tiny_model",
+    "build_tiny_reward_model",
     "build_tokenizer",
     "compute_log_probs",
     "compute_values",

@@ -204,3 +204,31 @@ def save_model(config, out_dir: str | Path, seed: int = 0) -> Path:
     except OSError as err:  # a parent that is a file, no permission, a full disk
         raise ModelError(f"cannot write the model to {out}: {err}") from None
     return out
+
+
+def build_tiny_reward_model(
+    out_dir: str | Path, arch: str = "qwen2", size: str = "tiny", seed: int = 0
+) -> Path:
+    """A tiny reward model: a one-label sequence classifier (``AutoModelForSequenceClassification``,
+    ``num_labels=1``) of the tiny architecture, with lmrl's byte tokenizer, initialized from
+    ``seed`` and saved to ``out_dir`` (the global RNG is left untouched).
+
+    Its score is an arbitrary but fixed function of the text: what ``reward_model.enable``
+    needs to be exercised end to end without downloading a trained one.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ModelError(f"{out} is a file, not a directory; give a directory for the model")
+    config = tiny_config(arch, size)
+    config.num_labels = 1
+    tokenizer = build_tokenizer()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForSequenceClassification.from_config(config).to(torch.float32)
+        with torch.no_grad():  # a score of order 1, not the 0.02-scale default
+            model.score.weight.normal_(0.0, 1.0 / config.hidden_size**0.5)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,25 +1,102 @@
-"""Reward scoring as a worker: the same object in the driver (local backend) and in every
-rank of a Ray group, built from the config's ``reward`` section."""
+"""Reward scoring as a worker: the same object in the driver (local backend) and in every rank
+of a Ray group, built from the config's ``reward`` and ``reward_model`` sections.
+
+The score of a sample is its rule reward (the score functions of its data source, or the
+user's reward file, through the reward manager), plus ``reward_model.coef`` times a reward
+model's score when ``reward_model.enable``; with ``reward_model.rule_reward=false`` the model's
+score alone (verl's behaviour when a reward model is on), and then the data needs no scorer.
+The total sits on the last response token, as the manager places the rule reward.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
-from lmrl.config import Config
-from lmrl.rewards import load_reward_fn, make_reward_manager
+import numpy as np
+import torch
 
-__all__ = ["build_reward"]
+from lmrl.batch import Batch
+from lmrl.config import Config
+from lmrl.models.reward_model import RewardModel
+from lmrl.rewards import load_reward_fn, make_reward_manager
+from lmrl.rewards.managers import RewardResult
+
+__all__ = ["RewardWorker", "build_reward"]
+
+
+class RewardWorker:
+    """Rule rewards and a reward model's score, as one reward manager.
+
+    Args:
+        manager: the rule reward manager (``lmrl.rewards.make_reward_manager``), or None for
+            the model's score alone.
+        model: the reward model, or None.
+        coef: the weight of the model's score.
+    """
+
+    def __init__(self, manager, model: RewardModel | None = None, coef: float = 1.0) -> None:
+        if manager is None and model is None:
+            raise ValueError("a RewardWorker needs a reward manager, a reward model, or both")
+        self.manager = manager
+        self.model = model
+        self.coef = coef
+
+    def __call__(self, batch: Batch) -> RewardResult:
+        """``token_level_scores`` (B, T) of the batch; extras per sample; counters."""
+        if self.manager is not None:
+            result = self.manager(batch)
+        else:
+            mask = batch["response_mask"]
+            result = RewardResult(
+                token_level_scores=torch.zeros(mask.shape, dtype=torch.float32),
+                extras={"score": np.zeros(len(batch))},
+                metrics={},
+            )
+        if self.model is None:
+            return result
+        rm = self.model(batch)  # (B,)
+        scores = result.token_level_scores.clone()
+        lengths = batch["response_mask"].long().sum(-1).to(scores.device)
+        last = (lengths - 1).clamp(min=0)
+        rows = torch.arange(len(scores), device=scores.device)
+        scores[rows, last] += self.coef * rm.to(scores.device, scores.dtype)
+        extras = dict(result.extras) | {"rm_score": rm.double().numpy()}
+        return dataclasses.replace(result, token_level_scores=scores, extras=extras)
+
+    def check_dataset(self, dataset) -> None:
+        """Load-time check of the rule scorers (nothing to check for the model alone)."""
+        if self.manager is not None:
+            self.manager.check_dataset(dataset)
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
 
 
 def build_reward(cfg: Config, tokenizer, device=None):
-    """The run's reward scoring from its ``reward`` section: the rule reward manager (the
-    scorers of each data source, or the user's reward file), with its worker processes.
+    """The run's reward scoring from its ``reward`` and ``reward_model`` sections.
+
+    Without a reward model this is the rule reward manager itself.
 
     Args:
         cfg: the resolved config.
         tokenizer: the policy's tokenizer (responses are decoded with it).
-        device: where a model-based scorer would run (unused by rule rewards).
+        device: where the reward model runs.
     """
+    rm_cfg = cfg.reward_model
+    manager = _rule_manager(cfg, tokenizer) if rm_cfg.rule_reward or not rm_cfg.enable else None
+    if not rm_cfg.enable:
+        return manager
+    try:
+        model = RewardModel.from_config(rm_cfg, tokenizer, device or "cpu")
+    except BaseException:
+        if manager is not None:
+            manager.close()
+        raise
+    return RewardWorker(manager, model, rm_cfg.coef)
+
+
+def _rule_manager(cfg: Config, tokenizer):
     r = cfg.reward
     custom = r.custom_reward_function
     reward_fns = (
