@@ -20,6 +20,7 @@ from lmrl.models.critic import load_critic
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
 from lmrl.workers.dist import DDP, balanced_partition
+from lmrl.workers.fsdp import FSDP2
 
 from .conftest import N, actor_config, add_log_probs, critic_config, make_batch
 
@@ -43,12 +44,14 @@ def test_balanced_partition_balances_tokens():
     assert all((a == b).all() for a, b in zip(balanced_partition(lengths, 2), again, strict=True))
 
 
-def _rank(rank: int, world: int, port: int, model_dir: str, kind: str, out: str) -> None:
+def _rank(rank: int, world: int, port: int, model_dir: str, kind: str, out: str,
+          strategy: str = "ddp") -> None:  # fmt: skip
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        _update(model_dir, kind, DDP(rank, world), out if rank == 0 else None)
+        dp = FSDP2(rank, world) if strategy == "fsdp2" else DDP(rank, world)
+        _update(model_dir, kind, dp, out if rank == 0 else None)
     finally:
         dist.destroy_process_group()
 
@@ -74,9 +77,10 @@ def _update(model_dir: str, kind: str, dp, out: str | None) -> None:
         noise = torch.randn(batch["values"].shape, generator=torch.Generator().manual_seed(5))
         batch["returns"] = torch.where(batch["response_mask"], noise, 0.0)
         metrics = [worker.update_critic(batch) for _ in range(2)]
+    weights = worker.model_state()  # every rank: gathering sharded weights is collective
     if out is not None:
         metrics = [{k: float(v) for k, v in m.items()} for m in metrics]
-        torch.save({"weights": worker.model_state(), "metrics": metrics}, out)
+        torch.save({"weights": weights, "metrics": metrics}, out)
 
 
 def _free_port() -> int:
@@ -87,20 +91,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 @pytest.mark.parametrize("kind", ["actor", "critic"])
-def test_ddp_update_over_two_ranks_equals_the_single_process_update(tiny_dir, tmp_path, kind):
+def test_an_update_over_two_ranks_equals_the_single_process_update(
+    tiny_dir, tmp_path, kind, strategy
+):
     from lmrl.workers.dist import DataParallel
 
     local = tmp_path / "local.pt"
     _update(str(tiny_dir), kind, DataParallel(), str(local))
     shared = tmp_path / "ddp.pt"
-    mp.start_processes(_rank, args=(2, _free_port(), str(tiny_dir), kind, str(shared)),
+    mp.start_processes(_rank, args=(2, _free_port(), str(tiny_dir), kind, str(shared), strategy),
                        nprocs=2, start_method="spawn")  # fmt: skip
     a, b = torch.load(local), torch.load(shared)
     assert a["weights"].keys() == b["weights"].keys()
     moved = 0.0
     for name, w in a["weights"].items():
-        torch.testing.assert_close(b["weights"][name], w, rtol=1e-5, atol=1e-7, msg=name)
+        torch.testing.assert_close(b["weights"][name], w, rtol=1e-5, atol=1e-7)
     # the update really moved the weights (so equality is not trivially of the initial ones)
     start = (load_causal_lm if kind == "actor" else load_critic)(str(tiny_dir), dtype="float64",
                                                                  device="cpu").state_dict()  # fmt: skip

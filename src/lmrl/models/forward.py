@@ -161,10 +161,21 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
+def _sharded(model: nn.Module) -> bool:
+    """The model is FSDP2-sharded (``fully_shard``)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch built without distributed
+        return False
+    return isinstance(model, FSDPModule)
+
+
 def fused_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     """``(backbone, lm_head)`` when the model's logits are exactly ``lm_head(backbone(x))``
     with a plain, hook-free ``nn.Linear`` head; None when the logits path must be used."""
     inner = unwrap(model)
+    if _sharded(inner):  # the root's parameters are gathered by its own forward only
+        return None
     head = inner.get_output_embeddings()
     backbone = getattr(inner, "base_model", None)
     if type(head) is not nn.Linear or backbone is None or backbone is inner:

@@ -49,6 +49,13 @@ FREE_TO_CHANGE = (
     "data.val_files",
     "data.val_batch_size",
     "rollout.val_kwargs.",
+    # where the workers run: the update and the sampling are the same for any placement
+    "trainer.backend",
+    "resources.",
+    "actor.strategy",
+    "actor.fsdp_config.",
+    "critic.strategy",
+    "critic.fsdp_config.",
 )
 
 
