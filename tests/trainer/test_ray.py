@@ -246,8 +246,9 @@ def test_ctrl_c_of_the_terminal_saves_and_stops_every_ray_process(
 def test_fsdp2_with_gradient_checkpointing_on_two_ray_workers_equals_one_process(
     tiny_workspace, tiny_overrides, tmp_path
 ):
-    """2 steps sharded over 2 Ray ranks, the 3rd in one process from that checkpoint: the
-    weights of the 3-step local run (a sharded checkpoint loads under the local backend).
+    """PPO with a KL loss, the actor, its reference and the critic sharded over 2 Ray ranks for
+    2 steps, the 3rd in one process from that checkpoint: the weights of the 3-step local run
+    (a sharded checkpoint loads under the local backend).
 
     Gradient checkpointing on in both: it keeps working under ``fully_shard``, and it turns off
     the local run's shared-prompt prefill, which FSDP2 does not take (its log-probs come from
@@ -255,12 +256,15 @@ def test_fsdp2_with_gradient_checkpointing_on_two_ray_workers_equals_one_process
     Hugging Face's RMSNorm rounds through float32 even in a float64 model, and Adam enlarges
     the different roundings of two summation orders.
     """
-    ckpt = "model.enable_gradient_checkpointing=true"
+    recipe = ("model.enable_gradient_checkpointing=true", "algorithm.adv_estimator=gae",
+              "critic.optim.lr=1e-2", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.5")  # fmt: skip
+    sharded = (*RAY, "actor.strategy=fsdp2", "critic.strategy=fsdp2")
     local, run_dir = tmp_path / "local", tmp_path / "fsdp2"
-    _train(_overrides(tiny_overrides, tiny_workspace, local, ckpt))
-    _train(_overrides(tiny_overrides, tiny_workspace, run_dir, *RAY, ckpt, "actor.strategy=fsdp2",
+    _train(_overrides(tiny_overrides, tiny_workspace, local, *recipe))
+    _train(_overrides(tiny_overrides, tiny_workspace, run_dir, *recipe, *sharded,
                       "trainer.total_training_steps=2"))  # fmt: skip
-    _train(_overrides(tiny_overrides, tiny_workspace, run_dir, ckpt))  # local, from step 2
+    _train(_overrides(tiny_overrides, tiny_workspace, run_dir, *recipe))  # local, from step 2
     assert latest_checkpoint(run_dir).name == "global_step_3"
-    _assert_same(_weights(local), _weights(run_dir))
+    for name in ("actor", "critic"):
+        _assert_same(_weights(local, name), _weights(run_dir, name))
     assert not _ray_processes()

@@ -1,5 +1,6 @@
-"""Data parallelism: the token-balanced partition, and an update over 2 gloo ranks (DDP) equal
-to the single-process update on the same batch, for the actor and the critic.
+"""Data parallelism: the token-balanced partition, and an update over 2 gloo ranks (DDP, FSDP2,
+FSDP2 with CPU offload) equal to the single-process update on the same batch, for the actor
+and the critic; a sharded reference scoring uneven rows.
 
 The ranks are plain processes here (``torch.multiprocessing``); the Ray tests run the same
 workers inside Ray actors.
@@ -50,7 +51,10 @@ def _rank(rank: int, world: int, port: int, model_dir: str, kind: str, out: str,
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        dp = FSDP2(rank, world) if strategy == "fsdp2" else DDP(rank, world)
+        if strategy.startswith("fsdp2"):
+            dp = FSDP2(rank, world, param_offload=strategy == "fsdp2-offload")
+        else:
+            dp = DDP(rank, world)
         _update(model_dir, kind, dp, out if rank == 0 else None)
     finally:
         dist.destroy_process_group()
@@ -91,8 +95,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-@pytest.mark.parametrize("kind", ["actor", "critic"])
+@pytest.mark.parametrize(
+    "kind,strategy",
+    [("actor", "ddp"), ("critic", "ddp"), ("actor", "fsdp2"), ("critic", "fsdp2"),
+     ("actor", "fsdp2-offload")],
+)  # fmt: skip
 def test_an_update_over_two_ranks_equals_the_single_process_update(
     tiny_dir, tmp_path, kind, strategy
 ):
@@ -117,3 +124,42 @@ def test_an_update_over_two_ranks_equals_the_single_process_update(
         assert ma.keys() == mb.keys()
         for k in ma:
             assert mb[k] == pytest.approx(ma[k], rel=1e-4, abs=1e-6), k
+
+
+def _reference_rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        from torch.distributed.tensor import DTensor
+
+        from lmrl.models import build_reference
+        from lmrl.workers.reference import ReferenceWorker
+
+        dp = FSDP2(rank, world)
+        frozen = build_reference(load_causal_lm(model_dir, dtype="float64", device="cpu"))
+        frozen.model = dp.prepare_frozen(frozen.model)
+        assert all(isinstance(p, DTensor) for p in frozen.model.parameters())  # sharded
+        worker = ReferenceWorker(frozen, micro_batch_size=2, temperature=0.8, dp=dp)
+        batch = make_batch(seed=3)
+        mine = batch if rank == 0 else batch.index([])  # rank 1 has no rows to score
+        log_probs = worker.compute_log_probs(mine)
+        if rank == 0:
+            torch.save(log_probs, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_sharded_reference_scores_uneven_rows_as_one_process(tiny_dir, tmp_path):
+    """fsdp2 shards the reference's frozen copy too; a rank with no rows still takes part in
+    the gathering of its weights, so the other rank's pass neither hangs nor differs."""
+    from lmrl.models import build_reference
+    from lmrl.workers.reference import ReferenceWorker
+
+    model = load_causal_lm(str(tiny_dir), dtype="float64", device="cpu")
+    local = ReferenceWorker(build_reference(model), micro_batch_size=2, temperature=0.8)
+    want = local.compute_log_probs(make_batch(seed=3))
+    out = tmp_path / "ref.pt"
+    mp.start_processes(_reference_rank, args=(2, _free_port(), str(tiny_dir), str(out)),
+                       nprocs=2, start_method="spawn")  # fmt: skip
+    torch.testing.assert_close(torch.load(out), want, rtol=1e-10, atol=1e-10)

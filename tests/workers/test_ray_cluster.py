@@ -29,12 +29,13 @@ def _wait_gone(temp_dir: str, seconds: float = 30) -> None:
 
 
 def test_a_local_instance_is_loopback_only_and_gone_after_stop():
-    cluster = RayCluster(ResourcesConfig(n_gpus_per_node=2, num_cpus=2), device="cpu")
+    cluster = RayCluster(ResourcesConfig(n_gpus_per_node=1, num_cpus=2), device="cpu")
     cluster.start()
     try:
         assert ray_processes(cluster.temp_dir)  # raylet, gcs_server, ...
         assert {n["NodeManagerAddress"] for n in ray.nodes()} == {"127.0.0.1"}
         assert not cluster.use_gpu
+        assert cluster.cpus_per_worker == 2  # one CPU worker: the node's CPUs as its threads
     finally:
         cluster.stop()
     assert not ray.is_initialized()

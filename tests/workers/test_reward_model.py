@@ -127,13 +127,21 @@ def test_config_keys_and_verl_spelling(rm_dir):
         load_config(None, [*base, "reward_model.enable=true"])
 
 
-def test_a_run_is_rewarded_by_the_model(rm_dir, tiny_workspace, tiny_overrides_rm, tmp_path):
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_a_run_is_rewarded_by_the_model(
+    rm_dir, tiny_workspace, tiny_overrides_rm, tmp_path, backend
+):
+    """End to end, in one process and scored on 2 Ray workers (each loads the model)."""
     from lmrl.trainer import Trainer, build_run
 
+    extra = []
+    if backend == "ray":
+        pytest.importorskip("ray")
+        extra = ["trainer.backend=ray", "resources.n_gpus_per_node=2", "resources.num_cpus=2"]
     run_dir = tmp_path / "rm-run"
     cfg = load_config(None, tiny_overrides_rm(tiny_workspace, run_dir,
         "reward_model.enable=true", f"reward_model.model.path={rm_dir}",
-        "reward_model.rule_reward=false", "trainer.logger=[jsonl]"))  # fmt: skip
+        "reward_model.rule_reward=false", "trainer.logger=[jsonl]", *extra))  # fmt: skip
     trainer = Trainer(build_run(cfg), cfg.trainer)
     trainer.fit()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -87,10 +87,11 @@ def build_workers(
     if train and "actor" in roles:
         # built before any update: a frozen copy of the initial policy, or LoRA disabled
         if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+            frozen = build_reference(policy)
+            if not frozen.disable_adapter and dp is not None:  # LoRA: the actor's own base
+                frozen.model = dp.prepare_frozen(frozen.model)  # fsdp2 shards the copy too
             reference = ReferenceWorker(
-                build_reference(policy),
-                cfg.ref.log_prob_micro_batch_size,
-                cfg.rollout.temperature,
+                frozen, cfg.ref.log_prob_micro_batch_size, cfg.rollout.temperature, dp=dp
             )
         actor = ActorWorker(
             policy, cfg.actor, rollout_n=cfg.rollout.n,

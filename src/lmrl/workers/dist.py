@@ -22,6 +22,7 @@ shards parameters, gradients and optimizer state.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -120,9 +121,14 @@ class DataParallel:
 
     rank: int = 0
     world_size: int = 1
+    comm_s: float = 0.0  # seconds spent in this strategy's own collectives (benchmarks)
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """Called once on a freshly built model, before its optimizer is made."""
+        return model
+
+    def prepare_frozen(self, model: nn.Module) -> nn.Module:
+        """Called once on a model that is never trained (the reference's frozen copy)."""
         return model
 
     def shard(self, batch: Batch) -> Batch:
@@ -185,6 +191,17 @@ class DDP(DataParallel):
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank = rank
         self.world_size = world_size
+        self.comm_s = 0.0
+
+    @contextlib.contextmanager
+    def _timed_comm(self) -> Iterator[None]:
+        """Add the wall time of the collectives inside to ``comm_s`` (gloo's are blocking; an
+        NCCL figure is the launch time only, the GPU runs them asynchronously)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.comm_s += time.perf_counter() - start
 
     def prepare(self, model: nn.Module) -> nn.Module:
         # every rank loaded the same weights; make sure (a value head drawn differently would
@@ -210,14 +227,16 @@ class DDP(DataParallel):
             by_dtype.setdefault(p.grad.dtype, []).append(p)
         for group in by_dtype.values():
             flat = torch.cat([p.grad.reshape(-1) for p in group])
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            with self._timed_comm():
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             for p, g in zip(group, _unflatten(flat, group), strict=True):
                 p.grad.copy_(g)
 
     def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         keys = sorted(stats)
         every: list[list[str] | None] = [None] * self.world_size
-        dist.all_gather_object(every, keys)
+        with self._timed_comm():
+            dist.all_gather_object(every, keys)
         if any(k != keys for k in every):  # a key only some ranks produced counts 0 elsewhere
             keys = sorted({k for ks in every for k in ks})
         device = next((v.device for v in stats.values() if torch.is_tensor(v)), None)
@@ -225,7 +244,8 @@ class DDP(DataParallel):
         values = torch.stack(
             [torch.as_tensor(stats.get(k, 0.0), dtype=torch.float64).cpu() for k in keys]
         ).to(wire)
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        with self._timed_comm():
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return {k: v.to(device or "cpu") for k, v in zip(keys, values, strict=True)}
 
 

@@ -1,7 +1,9 @@
 """``strategy=fsdp2``: parameters, gradients and optimizer state sharded with PyTorch's
 ``fully_shard`` (FSDP2), on gloo (CPU) or NCCL (GPU).
 
-Each decoder layer is its own FSDP unit and the root holds the rest (embeddings, final norm,
+The actor, the critic and the reference's frozen copy (`FSDP2.prepare_frozen`; a LoRA
+reference is the sharded actor itself) are sharded alike. Each decoder layer is its own FSDP
+unit and the root holds the rest (embeddings, final norm,
 output head: tied weights stay in one unit). A unit's parameters are all-gathered before its
 forward and backward and freed after; gradients are reduce-scattered, summed (not averaged:
 each rank's loss is already its share of the mini-batch loss, see ``lmrl.workers.dist``).
@@ -24,7 +26,8 @@ results are the same in exact arithmetic; memory holds a (micro-batch, T, V) log
 
 ``param_offload`` keeps the sharded parameters (and their gradients and optimizer step) on the
 CPU between uses (``CPUOffloadPolicy``); ``optimizer_offload`` alone does the same (FSDP2 keeps
-the optimizer state with its parameters, so offloading one offloads both).
+the optimizer state with its parameters, so offloading one offloads both). On a CPU mesh the
+shards already live there: the policy runs (unpinned), and moves nothing.
 """
 
 from __future__ import annotations
@@ -64,19 +67,29 @@ class FSDP2(DDP):
 
     # ---------------------------------------------------------------------- sharding
     def prepare(self, model: nn.Module) -> nn.Module:
+        self._shard(model)
+        for unit in self._units(model):  # each unit's own setting: sum, not mean
+            unit.set_gradient_divide_factor(1.0)
+        self.model = model
+        return model
+
+    def prepare_frozen(self, model: nn.Module) -> nn.Module:
+        """The reference's frozen copy, sharded like the policy (gathered for each forward)."""
+        self._shard(model)
+        return model
+
+    def _shard(self, model: nn.Module) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         device = next(model.parameters()).device
         mesh = init_device_mesh(device.type, (self.world_size,))
-        policy = CPUOffloadPolicy() if self.offload else OffloadPolicy()
+        # pinned host memory needs an accelerator; on a CPU mesh the shards already live there
+        pinned = device.type != "cpu"
+        policy = CPUOffloadPolicy(pin_memory=pinned) if self.offload else OffloadPolicy()
         for layer in _decoder_layers(model):
             fully_shard(layer, mesh=mesh, offload_policy=policy)
         fully_shard(model, mesh=mesh, offload_policy=policy)
-        for unit in self._units(model):  # each unit's own setting: sum, not mean
-            unit.set_gradient_divide_factor(1.0)
-        self.model = model
-        return model
 
     def _units(self, model: nn.Module) -> list[nn.Module]:
         from torch.distributed.fsdp import FSDPModule

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import os
-from collections.abc import Sequence
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,6 +76,20 @@ def make_dp(strategy: str, rank: int, world_size: int, fsdp_config=None):
 # --------------------------------------------------------------------------- the rank side
 
 
+def _busy(method: Callable) -> Callable:
+    """Record the seconds each call of a `RankWorker` method takes in ``self.busy``."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.busy[method.__name__].append(time.perf_counter() - start)
+
+    return timed
+
+
 class RankWorker:
     """One rank of a group: the workers of its roles, built in this process.
 
@@ -89,7 +106,18 @@ class RankWorker:
         torch.set_num_threads(max(1, threads))
         self.workers = None
         self.reward = None
+        self.dp = None
         self.device = torch.device("cpu")
+        self.busy: dict[str, list[float]] = defaultdict(list)
+
+    def timings(self) -> dict[str, Any]:
+        """Seconds of work since the last call, then reset: ``busy`` (per method, one entry per
+        call, in order) and ``comm_s`` (this rank's own collectives, inside ``busy``)."""
+        out = {"busy": dict(self.busy), "comm_s": self.dp.comm_s if self.dp else 0.0}
+        self.busy.clear()
+        if self.dp is not None:
+            self.dp.comm_s = 0.0
+        return out
 
     # -- set-up
     def info(self) -> dict[str, Any]:
@@ -158,6 +186,7 @@ class RankWorker:
             dist.destroy_process_group()
 
     # -- forward-only passes (every rank is called, so collectives line up under FSDP2)
+    @_busy
     def generate(self, prompts: Batch, n: int, sampling, prompt_offset: int) -> Batch | None:
         w = self.workers
         with self.dp.full_params(w.policy):
@@ -168,38 +197,43 @@ class RankWorker:
             )
         return out.to("cpu")
 
+    @_busy
     def actor_log_probs(self, batch: Batch) -> torch.Tensor:
-        return self._rows(lambda b: self.workers.actor.compute_log_probs(b)[0], batch)
+        actor = self.workers.actor
+        return self._rows(lambda b: actor.compute_log_probs(b)[0], batch, actor.model)
 
+    @_busy
     def ref_log_probs(self, batch: Batch) -> torch.Tensor:
-        return self._rows(self.workers.reference.compute_log_probs, batch, self.workers.policy)
+        return self.workers.reference.compute_log_probs(batch.to(self.device)).cpu()
 
+    @_busy
     def values(self, batch: Batch) -> torch.Tensor:
-        return self._rows(self.workers.critic.compute_values, batch)
+        critic = self.workers.critic
+        return self._rows(critic.compute_values, batch, critic.model)
 
-    def _rows(self, fn, batch: Batch, model=None) -> torch.Tensor:
+    def _rows(self, fn, batch: Batch, model) -> torch.Tensor:
+        """``fn`` on this rank's rows; with none, ``model``'s weights are still gathered and
+        freed (under FSDP2 every rank takes part in each all-gather of a pass)."""
         if len(batch) == 0:
-            model = model if model is not None else self._trained().model
             with self.dp.full_params(model):
                 return torch.zeros(0, batch["responses"].shape[1])
         return fn(batch.to(self.device)).cpu()
 
-    def _trained(self):
-        w = self.workers
-        return w.actor if w.actor is not None else w.critic
-
     # -- updates (the whole batch on every rank)
+    @_busy
     def update_actor(self, batch: Batch, old_log_probs_from_update: bool) -> dict[str, float]:
         metrics = self.workers.actor.update_policy(
             batch.to(self.device), old_log_probs_from_update=old_log_probs_from_update
         )
         return {k: float(v) for k, v in metrics.items()}
 
+    @_busy
     def update_critic(self, batch: Batch) -> dict[str, float]:
         metrics = self.workers.critic.update_critic(batch.to(self.device))
         return {k: float(v) for k, v in metrics.items()}
 
     # -- reward
+    @_busy
     def score(self, batch: Batch):
         return self.reward(batch) if len(batch) else None
 
@@ -265,6 +299,7 @@ class RayWorkerGroup:
 
         self.name, self.world_size = name, world_size
         self.alive, self.ranks, self.placement = True, [], None
+        self.wall: dict[str, float] = defaultdict(float)  # driver seconds per method called
         self.infos: list[dict] = [{} for _ in range(world_size)]
         self.placement = cluster.placement_group(world_size, use_gpu=use_gpu, name=name)
         remote = ray.remote(RankWorker)
@@ -293,18 +328,30 @@ class RayWorkerGroup:
         """``method(*args)`` on every rank (arguments put in the object store once)."""
         import ray
 
-        args = [ray.put(a) if isinstance(a, Batch | dict) else a for a in args]  # once for all
-        return self._gather([getattr(r, method).remote(*args, **kwargs) for r in self.ranks],
-                            method)  # fmt: skip
+        with self._timed(method):
+            args = [ray.put(a) if isinstance(a, Batch | dict) else a for a in args]  # once
+            refs = [getattr(r, method).remote(*args, **kwargs) for r in self.ranks]
+            return self._gather(refs, method)
 
     def call_one(self, rank: int, method: str, *args) -> Any:
         """``method(*args)`` on one rank."""
-        return self._gather([getattr(self.ranks[rank], method).remote(*args)], method)[0]
+        with self._timed(method):
+            return self._gather([getattr(self.ranks[rank], method).remote(*args)], method)[0]
 
     def call_each(self, method: str, per_rank: Sequence[tuple]) -> list:
         """``method(*per_rank[r])`` on rank ``r``."""
-        refs = [getattr(r, method).remote(*a) for r, a in zip(self.ranks, per_rank, strict=True)]
-        return self._gather(refs, method)
+        with self._timed(method):
+            pairs = zip(self.ranks, per_rank, strict=True)
+            return self._gather([getattr(r, method).remote(*a) for r, a in pairs], method)
+
+    @contextlib.contextmanager
+    def _timed(self, method: str) -> Iterator[None]:
+        """Add the driver's wall time of a call (sending, remote work, gathering) to ``wall``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.wall[method] += time.perf_counter() - start
 
     def map_rows(self, method: str, batch: Batch, keys: Sequence[str] = FORWARD_KEYS):
         """A (B, T) result computed row-wise, the rows split across ranks by token count."""

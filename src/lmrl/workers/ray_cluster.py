@@ -235,6 +235,10 @@ class RayCluster:
                 "instance)"
             )
         self.cpus_per_worker = 1
+        if not self.use_gpu:  # a CPU worker gets its share of its node's CPUs as threads
+            per_node = -(-workers // max(1, r.nnodes))
+            smallest = min(int(n.get("Resources", {}).get("CPU", 0)) for n in nodes)
+            self.cpus_per_worker = max(1, smallest // per_node)
 
     def stop(self) -> None:
         """Disconnect; stop the local instance and every process it left (idempotent)."""

@@ -12,6 +12,7 @@ import torch
 
 from lmrl.batch import Batch
 from lmrl.models.reference import Reference
+from lmrl.workers.dist import DataParallel
 
 
 class ReferenceWorker:
@@ -22,19 +23,27 @@ class ReferenceWorker:
         micro_batch_size: rows per forward pass; None = the whole batch at once.
         temperature: the sampling temperature; log-probs are of ``logits / temperature``,
             as the actor's are, so the KL compares like with like.
+        dp: this rank's data parallelism (``lmrl.workers.dist``): under FSDP2 the reference's
+            weights are gathered once for the whole pass, as the actor's are; None = one
+            process.
     """
 
     def __init__(
-        self, reference: Reference, micro_batch_size: int | None, temperature: float
+        self, reference: Reference, micro_batch_size: int | None, temperature: float, dp=None
     ) -> None:
         self.reference = reference
         self.micro_batch_size = micro_batch_size
         self.temperature = temperature
+        self.dp = dp if dp is not None else DataParallel()
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
-        """``ref_log_probs``: (B, T) log-probs of ``batch["responses"]``, no grad."""
-        micro = self.micro_batch_size or len(batch)
-        log_probs, _ = self.reference.compute_log_probs(batch, micro, self.temperature)
+        """``ref_log_probs``: (B, T) log-probs of ``batch["responses"]``, no grad (a batch of
+        no rows gives (0, T): a rank with nothing to score still joins the gathering)."""
+        with self.dp.full_params(self.reference.model):
+            if len(batch) == 0:
+                return torch.zeros(0, batch["responses"].shape[1])
+            micro = self.micro_batch_size or len(batch)
+            log_probs, _ = self.reference.compute_log_probs(batch, micro, self.temperature)
         return log_probs
 
 
