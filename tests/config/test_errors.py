@@ -163,7 +163,14 @@ CASES = [
         ["rollout.correction.threshold=2", "rollout.correction.threshold_lower=3"],
         ["rollout.correction.threshold_lower=3.0 must be in [0, rollout.correction.threshold=2.0]"],
     ),
-    (["rollout.name=vllm", "trainer.device=cpu"], ["rollout.name=vllm needs a GPU"]),
+    (
+        ["rollout.name=vllm", "rollout.gpu_memory_utilization=1.5"],
+        ["rollout.gpu_memory_utilization=1.5 must be in (0, 1]"],
+    ),
+    (
+        ["rollout.name=vllm", "rollout.max_model_len=16"],
+        ["rollout.max_model_len=16 is shorter than"],
+    ),
 ]
 
 

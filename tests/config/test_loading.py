@@ -154,11 +154,11 @@ def test_notices_are_returned_and_logged(caplog):
     with caplog.at_level(logging.WARNING, logger="lmrl.config"):
         load_config(
             None,
-            [*BASE, "actor_rollout_ref.rollout.gpu_memory_utilization=0.6"],
+            [*BASE, "actor_rollout_ref.rollout.max_num_seqs=64"],
             notices=notices,
         )
     assert len(notices) == 1
-    assert notices[0].startswith("actor_rollout_ref.rollout.gpu_memory_utilization=0.6")
+    assert notices[0].startswith("actor_rollout_ref.rollout.max_num_seqs=64")
     assert "changes nothing in lmrl" in notices[0] and "on the command line" in notices[0]
     assert [r.getMessage() for r in caplog.records if r.name == "lmrl.config"] == notices
 

@@ -331,11 +331,8 @@ GPU_ONLY = [
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
     "actor_rollout_ref.model.use_remove_padding=True",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
-    "actor_rollout_ref.rollout.enforce_eager=False",
-    "actor_rollout_ref.rollout.free_cache_engine=True",
-    "actor_rollout_ref.rollout.max_num_batched_tokens=8192",
+    "actor_rollout_ref.rollout.max_num_seqs=64",
+    "actor_rollout_ref.rollout.enable_chunked_prefill=True",
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
     "actor_rollout_ref.rollout.calculate_log_probs=True",
     "actor_rollout_ref.ref.fsdp_config.param_offload=True",
@@ -355,6 +352,22 @@ def test_strategy_and_offload_keys_map_to_the_ray_workers():
     assert cfg.actor.strategy == "fsdp" and cfg.critic.strategy == "fsdp2"
     assert cfg.actor.fsdp_config.param_offload and cfg.actor.fsdp_config.optimizer_offload
     assert cfg.critic.fsdp_config.param_offload and not cfg.critic.fsdp_config.optimizer_offload
+
+
+def test_vllm_engine_keys_map_to_the_rollout_section():
+    cfg = load_config(None, [*BASE,
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "actor_rollout_ref.rollout.enforce_eager=False",
+        "actor_rollout_ref.rollout.free_cache_engine=False",
+        "actor_rollout_ref.rollout.max_num_batched_tokens=8192",
+        "actor_rollout_ref.rollout.max_model_len=4096",
+        "actor_rollout_ref.rollout.dtype=bfloat16",
+    ])  # fmt: skip
+    r = cfg.rollout
+    assert (r.tensor_model_parallel_size, r.gpu_memory_utilization) == (2, 0.6)
+    assert (r.enforce_eager, r.free_cache_engine) == (False, False)
+    assert (r.max_num_batched_tokens, r.max_model_len, r.dtype) == (8192, 4096, "bfloat16")
 
 
 def test_gpu_only_keys_give_one_notice_each_and_change_nothing():
@@ -497,7 +510,6 @@ def test_verl_layout_yaml_file(tmp_path):
         "actor_rollout_ref.actor.policy_loss.clip_cov_ratio",
         "actor_rollout_ref.actor.optim.total_training_steps",
         "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
-        "actor_rollout_ref.rollout.gpu_memory_utilization",
         "actor_rollout_ref.ref.fsdp_config.param_offload",
     } == noticed
     assert all(f"in {path}" in n for n in notices)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from lmrl.trainer.metrics import METRICS, metrics_markdown
 
 
@@ -61,3 +63,30 @@ def test_every_metric_the_trainer_emits_is_documented(tiny_workspace, tiny_overr
 def test_documented_is_not_a_blanket_yes():
     assert documented("actor/pg_loss") and documented("timing_s/gen")
     assert not documented("actor/pg_losss") and not documented("made_up/metric")
+
+
+def test_the_engine_gap_is_the_masked_mean_and_max():
+    import torch
+
+    from lmrl.trainer.metrics import engine_gap
+
+    old = torch.tensor([[-1.0, -2.0, -3.0], [-0.5, -0.5, 0.0]])
+    rollout = torch.tensor([[-1.1, -2.0, -9.0], [-0.25, -0.5, 7.0]])
+    mask = torch.tensor([[True, True, False], [True, True, False]])  # the 6.0 and 7.0 are pads
+    gap = engine_gap(old, rollout, mask)
+    assert float(gap["rollout/actor_logprob_abs_diff"]) == pytest.approx((0.1 + 0.25) / 4)
+    assert float(gap["rollout/actor_logprob_abs_diff_max"]) == pytest.approx(0.25)
+
+
+def test_the_hf_engine_gap_is_rounding_when_old_log_probs_are_recomputed(
+    tiny_workspace, tiny_overrides, tmp_path
+):
+    """Two mini-batches a step: the old log-probs are recomputed, and the gap is logged."""
+    from lmrl.config import load_config
+    from lmrl.trainer import Trainer, build_run
+
+    cfg = load_config(None, tiny_overrides(tiny_workspace, tmp_path / "run"))
+    history = Trainer(build_run(cfg), cfg.trainer).fit()
+    for metrics in history:
+        assert metrics["actor/old_log_prob_recomputed"] == 1.0
+        assert metrics["rollout/actor_logprob_abs_diff_max"] < 1e-4

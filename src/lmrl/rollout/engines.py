@@ -1,13 +1,11 @@
 """The table of generation engines by name (``rollout.name``): ``hf`` and ``vllm``.
 
 ``build_engine(name, model, tokenizer, **options)`` is the one way the workers make an engine,
-so a new engine is one registration here. ``vllm`` is a known name on every machine; it needs
-the ``[vllm]`` extra and CUDA, and without them building it fails with a message that says so.
+so a new engine is one registration here. ``vllm`` is a known name on every machine; without
+vLLM installed, building it fails with a message that says how to get it.
 """
 
 from __future__ import annotations
-
-import importlib.util
 
 from torch import nn
 
@@ -24,20 +22,17 @@ ENGINES.register("hf")(HFEngine)
 
 @ENGINES.register("vllm")
 def _vllm_engine(model: nn.Module, tokenizer=None, **options) -> RolloutEngine:
-    """The vLLM engine (GPU only, ``pip install lmrl[vllm]``).
+    """The vLLM engine (`lmrl.rollout.vllm.VLLMEngine`), imported only when asked for.
 
     Raises:
-        LmrlError: vLLM is not installed or CUDA is not available; or, where both are, that
-            this version of lmrl has no vLLM engine yet (use ``rollout.name=hf``).
+        LmrlError: vLLM is not installed here (the message says how to get it).
     """
-    import torch
+    from lmrl.rollout.vllm import VLLMEngine, vllm_missing
 
-    if importlib.util.find_spec("vllm") is None or not torch.cuda.is_available():
-        raise LmrlError(
-            "the vllm engine needs vLLM and CUDA, and neither is available here; use "
-            "rollout.name=hf on this machine"
-        )
-    raise LmrlError("the vllm engine is not part of this version of lmrl; use rollout.name=hf")
+    missing = vllm_missing()
+    if missing:
+        raise LmrlError(missing)
+    return VLLMEngine(model, tokenizer, **options)
 
 
 def build_engine(name: str, model: nn.Module, tokenizer=None, **options) -> RolloutEngine:

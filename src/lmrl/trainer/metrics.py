@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
-from lmrl.algos.masked import masked_var
+from lmrl.algos.masked import masked_mean, masked_var, zero_outside
 from lmrl.batch import Batch
 
 # name (or name prefix ending in "/") -> what it measures. The documentation of every metric.
@@ -45,6 +45,10 @@ METRICS: dict[str, str] = {
     "response_length/": "generated tokens per sample (mean, max, min)",
     "response_length/clip_ratio": "fraction of samples that hit max_response_length",
     "prompt_length/": "prompt tokens per sample (mean, max, min)",
+    "rollout/actor_logprob_abs_diff": "mean |rollout log-prob - actor log-prob| over response "
+    "tokens when old log-probs are recomputed: the engine's gap from the trainer (a broken "
+    "weight sync shows here at once)",
+    "rollout/actor_logprob_abs_diff_max": "largest |rollout log-prob - actor log-prob|",
     "rollout_corr/": "rollout importance weights (mean, max, ESS, masked fraction, mismatch KL)",
     "reward/scored": "scorings attempted in the step: samples times reward functions (the "
     "denominator of reward/errors, reward/timeouts and reward/no_score)",
@@ -179,3 +183,20 @@ __all__ = [
     "throughput",
     "to_floats",
 ]
+
+
+def engine_gap(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+               mask: torch.Tensor) -> dict[str, torch.Tensor]:  # fmt: skip
+    """``rollout/actor_logprob_abs_diff`` (mean) and ``_max`` over the response tokens.
+
+    Args:
+        old_log_probs, rollout_log_probs: (B, T) the actor's and the engine's log-probs of the
+            sampled tokens; mask: (B, T) bool response mask.
+    """
+    gap = (old_log_probs.float() - rollout_log_probs.float()).abs()
+    return {
+        "rollout/actor_logprob_abs_diff": masked_mean(gap, mask),
+        "rollout/actor_logprob_abs_diff_max": zero_outside(gap, mask).max()
+        if gap.numel()
+        else gap.new_zeros(()),
+    }

@@ -180,12 +180,16 @@ class RunParts:
     backend: Any = None
 
     def close(self) -> None:
-        """Stop the reward workers, close the trackers, stop the Ray workers and the Ray
-        instance the run started (safe to call twice)."""
+        """Stop the reward workers, close the trackers, free a rollout engine with state of
+        its own (vLLM), stop the Ray workers and the Ray instance the run started (safe to
+        call twice)."""
         try:
             self.reward.close()
             if self.trackers is not None:
                 self.trackers.close()
+            close_engine = getattr(self.engine, "close", None)
+            if close_engine is not None:
+                close_engine()
         finally:
             if self.backend is not None:
                 self.backend.close()

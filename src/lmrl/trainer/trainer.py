@@ -39,7 +39,7 @@ from lmrl.trainer.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from lmrl.trainer.metrics import StageTimer, data_metrics, throughput, to_floats
+from lmrl.trainer.metrics import StageTimer, data_metrics, engine_gap, throughput, to_floats
 from lmrl.trainer.resume import keep_old_config
 from lmrl.trainer.run import RunParts
 from lmrl.trainer.signals import EXIT_CODES, StopOnSignal
@@ -96,6 +96,7 @@ class Trainer:
                 plan.log_prob_mode == "decoupled"
                 and 0 < len(batch) <= plan.update_rows
                 and self.global_step >= plan.critic_warmup
+                and p.config.rollout.name == "hf"  # another engine's gap is measured below
             )
             if plan.log_prob_mode == "bypass":
                 batch["old_log_probs"] = batch["rollout_log_probs"]
@@ -105,6 +106,8 @@ class Trainer:
                 with timer("old_log_prob"):
                     batch["old_log_probs"], _ = p.actor.compute_log_probs(batch)
                 metrics["actor/old_log_prob_recomputed"] = 1.0
+                if "rollout_log_probs" in batch:
+                    metrics |= engine_gap(batch["old_log_probs"], batch["rollout_log_probs"], mask)
             if plan.log_prob_mode == "rollout_correction":
                 c = plan.correction
                 weights, loss_mask, is_metrics = rollout_importance_weights(

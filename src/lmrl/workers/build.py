@@ -116,5 +116,26 @@ def build_workers(
             total_steps=total_steps, seed=cfg.trainer.seed, dp=dp,
         )  # fmt: skip
     if policy is not None:
-        engine = build_engine(cfg.rollout.name, policy, tokenizer, seed=cfg.trainer.seed)
+        engine = build_engine(
+            cfg.rollout.name, policy, tokenizer, seed=cfg.trainer.seed,
+            **engine_options(cfg),
+        )  # fmt: skip
     return Workers(policy=policy, actor=actor, critic=critic, reference=reference, engine=engine)
+
+
+def engine_options(cfg: Config) -> dict:
+    """The engine's own settings from ``rollout`` (none for ``hf``)."""
+    r = cfg.rollout
+    if r.name != "vllm":
+        return {}
+    return {
+        "model_path": cfg.model.path,
+        "max_model_len": r.max_model_len
+        or cfg.data.max_prompt_length + cfg.data.max_response_length,
+        "gpu_memory_utilization": r.gpu_memory_utilization,
+        "tensor_model_parallel_size": r.tensor_model_parallel_size,
+        "max_num_batched_tokens": r.max_num_batched_tokens,
+        "enforce_eager": r.enforce_eager,
+        "free_cache_engine": r.free_cache_engine,
+        "dtype": r.dtype,
+    }

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
+from lmrl.models.loading import bump_weights_version
 from lmrl.workers.dist import DataParallel
 
 
@@ -169,8 +170,13 @@ class TrainableWorker:
             self.model.train(was_training)
 
     def finish_update(self, totals: dict[str, list[torch.Tensor]], prefix: str) -> dict:
-        """Advance the schedule; metrics averaged over optimizer steps, plus ``<prefix>/lr``."""
+        """Advance the schedule; metrics averaged over optimizer steps, plus ``<prefix>/lr``.
+
+        Also counts the update on the model (``weights_version``): an engine with its own copy
+        of the weights (vLLM) compares it to know when to copy them again.
+        """
         self.scheduler.step()
+        bump_weights_version(self.model)
         metrics = {k: torch.stack([v.float() for v in vs]).mean() for k, vs in totals.items()}
         metrics[f"{prefix}/lr"] = torch.tensor(self.lr)
         return metrics
@@ -182,6 +188,7 @@ class TrainableWorker:
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         """Load full weights written by `model_state` (under any number of ranks)."""
         self.dp.load_model_state(self.model, state)
+        bump_weights_version(self.model)
 
     def state_dict(self) -> dict:
         """Optimizer, scheduler and shuffling RNG (the weights are saved separately)."""
