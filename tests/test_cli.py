@@ -203,7 +203,11 @@ TABLE = [
         "vllm-without-the-extra",
         train("actor_rollout_ref.rollout.name=vllm"),
         2,
-        ("rollout.name=vllm: the vllm engine needs vLLM", "rollout.name=hf"),
+        (
+            "rollout.name=vllm needs vLLM, which is not installed",
+            "make vllm-cpu-env",
+            "rollout.name=hf",
+        ),
     ),
     Row(
         "ray-mini-batch-smaller-than-the-workers",

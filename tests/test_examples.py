@@ -121,7 +121,7 @@ actor_rollout_ref:
     clip_ratio_high: 0.31
   rollout:
     n: 2
-    gpu_memory_utilization: 0.5
+    max_num_seqs: 64
 algorithm:
   adv_estimator: grpo
   kl_ctrl:
@@ -138,7 +138,7 @@ def test_leaves_walk_the_file():
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
         "actor_rollout_ref.actor.clip_ratio_high",
         "actor_rollout_ref.rollout.n",
-        "actor_rollout_ref.rollout.gpu_memory_utilization",
+        "actor_rollout_ref.rollout.max_num_seqs",
         "algorithm.adv_estimator",
         "algorithm.kl_ctrl.kl_coef",
     ]
@@ -166,8 +166,7 @@ def test_a_silently_dropped_key_is_caught(workspace, tmp_path):
         "algorithm.kl_ctrl.kl_coef",
     ]
     assert unapplied(data, cfg, []) == [
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.5: changes nothing here, "
-        "yet no notice says so"
+        "actor_rollout_ref.rollout.max_num_seqs=64: changes nothing here, yet no notice says so"
     ]
 
 

@@ -76,6 +76,12 @@ def test_engine_table(model, tokenizer):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a CPU-only machine")
-def test_vllm_needs_extra_and_cuda(model, tokenizer):
-    with pytest.raises(LmrlError, match=r"the vllm engine needs vLLM and CUDA"):
+def test_vllm_without_vllm_says_how_to_get_it(model, tokenizer, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
+    with pytest.raises(LmrlError, match=r"the vllm engine needs vLLM, which is not installed"):
         build_engine("vllm", model, tokenizer)

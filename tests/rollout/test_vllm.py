@@ -157,11 +157,21 @@ def _train(tmp_path, small_dir, *extra: str) -> list[dict]:
     return [r for r in rows if "rollout/actor_logprob_abs_diff" in r]
 
 
-@pytest.mark.parametrize("extra", [(), ("model.lora_rank=8", "actor.optim.lr=5e-2")],
-                         ids=["full", "lora"])  # fmt: skip
-def test_three_grpo_steps_keep_the_engine_on_the_actor(tmp_path, small_dir, extra):
+RUNS = {
+    "full": (),
+    "lora": ("model.lora_rank=8", "actor.optim.lr=5e-2"),
+    "rollout-correction": ("rollout.log_prob_mode=rollout_correction",),
+    # two Ray CPU workers, each with its own engine (and a copy of the actor)
+    "ray": ("trainer.backend=ray", "resources.n_gpus_per_node=2", "resources.num_cpus=2"),
+}
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_three_grpo_steps_keep_the_engine_on_the_actor(tmp_path, small_dir, name):
     """Two mini-batches a step move the weights twice: without a sync the gap would grow."""
-    rows = _train(tmp_path, small_dir, *extra)
+    if name == "ray":
+        pytest.importorskip("ray", reason="Ray is not installed here")
+    rows = _train(tmp_path, small_dir, *RUNS[name])
     assert len(rows) == 3
     for row in rows:
         assert row["rollout/actor_logprob_abs_diff"] < 1e-5, row  # measured ~2e-7

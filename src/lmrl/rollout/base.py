@@ -106,7 +106,14 @@ class RolloutEngine(ABC):
 
     Implementations: ``hf`` (`lmrl.rollout.hf.HFEngine`, CPU and GPU); ``vllm``
     (`lmrl.rollout.vllm.VLLMEngine`, where vLLM is installed).
+
+    Attributes:
+        shares_weights: the engine generates with the actor's own module, so its log-probs
+            are the actor's (the trainer may then take the old log-probs from the update's
+            own forward); False for an engine with a copy of its own (vLLM).
     """
+
+    shares_weights: bool = True
 
     @abstractmethod
     def generate(

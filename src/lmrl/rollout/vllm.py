@@ -108,7 +108,7 @@ class VLLMEngine(RolloutEngine):
         dtype: vLLM's dtype; None = the actor's.
     """
 
-    shares_weights = False  # the trainer must not assume rollout log-probs are the actor's
+    shares_weights = False  # a copy of the weights: the trainer measures the gap
 
     def __init__(
         self,

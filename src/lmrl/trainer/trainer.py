@@ -96,7 +96,7 @@ class Trainer:
                 plan.log_prob_mode == "decoupled"
                 and 0 < len(batch) <= plan.update_rows
                 and self.global_step >= plan.critic_warmup
-                and p.config.rollout.name == "hf"  # another engine's gap is measured below
+                and getattr(p.engine, "shares_weights", True)  # else: the gap, below
             )
             if plan.log_prob_mode == "bypass":
                 batch["old_log_probs"] = batch["rollout_log_probs"]

@@ -173,6 +173,7 @@ class RankWorker:
         return {
             **self.info(),
             "pad_id": w.engine.pad_id if w.engine is not None else None,
+            "shares_weights": getattr(w.engine, "shares_weights", True),
             "parts": [k for k in ("actor", "critic", "reference") if getattr(w, k) is not None],
         }
 
@@ -439,6 +440,7 @@ class GroupEngine:
     def __init__(self, group: RayWorkerGroup) -> None:
         self.group = group
         self.pad_id = group.infos[0]["pad_id"]
+        self.shares_weights = group.infos[0]["shares_weights"]
 
     def generate(self, prompts: Batch, n: int = 1, sampling=None, prompt_offset: int = 0) -> Batch:
         chunks = prompts.chunk(self.group.world_size)
