@@ -22,6 +22,8 @@ from lmrl.models import build_tiny_model, compute_log_probs, load_causal_lm
 from lmrl.rollout import HFEngine, SamplingParams
 
 pytestmark = pytest.mark.slow
+# the same tests on a GPU where one is (vLLM's CUDA build, the [vllm] extra)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 TEXTS = ["reverse 123 ->", "a", "what is 2+2? answer:"]
 
@@ -34,7 +36,7 @@ def small_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def actor(small_dir):
-    return load_causal_lm(small_dir, dtype="float32", device="cpu").eval()
+    return load_causal_lm(small_dir, dtype="float32", device=DEVICE).eval()
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,8 @@ def prompts(tokenizer_small):
     from lmrl.batch import Batch
 
     enc = tokenizer_small(TEXTS, return_tensors="pt", padding=True)
-    return Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"].bool()})
+    batch = Batch({"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"].bool()})
+    return batch.to(DEVICE)
 
 
 def _actor_log_probs(actor, out, temperature: float) -> torch.Tensor:
@@ -145,7 +148,7 @@ def _train(tmp_path, small_dir, *extra: str) -> list[dict]:
         "data.max_prompt_length=64", "data.max_response_length=8", "data.train_batch_size=4",
         "rollout.n=4", "actor.ppo_mini_batch_size=2", "actor.optim.lr=1e-2",
         "algorithm.adv_estimator=grpo", "model.enable_gradient_checkpointing=false",
-        "trainer.device=cpu", "trainer.total_training_steps=3", "trainer.logger=[jsonl]",
+        f"trainer.device={DEVICE}", "trainer.total_training_steps=3", "trainer.logger=[jsonl]",
         "trainer.save_freq=-1", f"trainer.default_local_dir={run}", "reward.num_workers=0",
         "rollout.name=vllm", *extra,
     ]  # fmt: skip
@@ -177,3 +180,19 @@ def test_three_grpo_steps_keep_the_engine_on_the_actor(tmp_path, small_dir, name
         assert row["rollout/actor_logprob_abs_diff"] < 1e-5, row  # measured ~2e-7
         assert row["rollout/actor_logprob_abs_diff_max"] < 1e-4, row
     assert rows[-1]["actor/grad_norm"] > 0
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_engine_sleeps_between_rollouts(engine, prompts):
+    """free_cache_engine: the KV cache exists only while generating, so training has it."""
+    if DEVICE != "cuda":
+        pytest.skip("needs CUDA: vLLM's sleep mode frees GPU memory")
+    assert engine.sleeps
+    asleep = torch.cuda.mem_get_info()[0]
+    engine.llm.wake_up()
+    awake = torch.cuda.mem_get_info()[0]
+    engine.llm.sleep(level=1)
+    assert awake < asleep - 2**27  # at least 128 MiB of weights and KV cache came back
+    assert torch.cuda.mem_get_info()[0] > awake + 2**27
+    out = engine.generate(prompts, n=2, sampling=SamplingParams(max_new_tokens=4, seed=0))
+    assert len(out) == 6 and torch.cuda.mem_get_info()[0] > awake + 2**27
