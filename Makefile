@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,ray]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,ray,tracking]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -105,3 +105,25 @@ def test_ema_by_hand():
     np.testing.assert_array_equal(ema(np.array([3.0, 4.0]), 0.0), [3.0, 4.0])
     with pytest.raises(ValueError, match="smooth"):
         ema(np.array([1.0]), 1.0)
+
+
+def test_one_on_policy_update_panels_say_zero_by_construction():
+    steps = np.array([1.0, 2.0, 3.0])
+    series = {
+        "actor/old_log_prob_recomputed": (steps, np.zeros(3)),
+        "actor/ppo_kl": (steps, np.zeros(3)),
+        "actor/pg_clipfrac": (steps, np.zeros(3)),
+        "actor/entropy": (steps, np.array([3.6, 1.0, 0.1])),
+        "critic/score/zero_spread_frac": (steps, np.array([0.2, 0.6, 0.9])),
+    }
+    fig = draw_run(series)
+    notes = {ax.get_title(): [t.get_text() for t in ax.texts] for ax in fig.axes}
+    assert any("0 by construction" in t for t in notes["KL"])
+    assert any("0 by construction" in t for t in notes["Clip fraction"])
+    labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+    assert "ppo_kl (old -> new policy)" not in labels and "pg_clipfrac" not in labels
+    assert "groups scored all alike (right axis)" in labels and "actor entropy" in labels
+    # recomputed old log-probs (several updates a batch): the curves are drawn
+    series["actor/old_log_prob_recomputed"] = (steps, np.ones(3))
+    labels = [line.get_label() for ax in draw_run(series).axes for line in ax.get_lines()]
+    assert "ppo_kl (old -> new policy)" in labels and "pg_clipfrac" in labels

@@ -2,9 +2,12 @@
 
 Six panels over steps: reward (train score and acc, validation reward as points),
 validation (acc, mean@k, pass@k per data source), response length (mean with its min-max
-band, clip ratio on a second axis), KL (ppo_kl, kl_loss, reward_kl_penalty), entropy and
-clipfrac. A panel without data says "no data" rather than staying blank, so a missing metric
-is visible. Optional smoothing is TensorBoard's debiased exponential moving average, drawn over
+band, clip ratio on a second axis), KL (ppo_kl, kl_loss, reward_kl_penalty), entropy (with
+the fraction of prompt groups that scored all alike on a second axis: a collapse shows as
+entropy falling while that fraction climbs) and clipfrac. A panel without data says "no data"
+rather than staying blank, so a missing metric is visible; ppo_kl and the clip fractions of a
+run with one on-policy update per batch say they are 0 by construction instead of drawing a
+flat 0. Optional smoothing is TensorBoard's debiased exponential moving average, drawn over
 the faint raw curve.
 
 The figure is built with ``matplotlib.figure.Figure`` and the Agg canvas directly, never
@@ -140,10 +143,12 @@ class _Panel:
                          label=label, **style)  # fmt: skip
             self.drawn += 1
 
-    def finish(self, extra_handles_from: Axes | None = None) -> None:
+    def finish(self, extra_handles_from: Axes | None = None, empty: str = "no data") -> None:
+        """Legend, or ``empty`` written across a panel with nothing drawn."""
         if not self.drawn:
-            self.ax.text(0.5, 0.5, "no data", transform=self.ax.transAxes, ha="center",
-                         va="center", fontsize=13, color="0.55")  # fmt: skip
+            self.ax.text(0.5, 0.5, empty, transform=self.ax.transAxes, ha="center",
+                         va="center", fontsize=13 if empty == "no data" else 9,
+                         color="0.45", wrap=True)  # fmt: skip
             self.ax.set_yticks([])
             self.ax.set_xticks([])
             return
@@ -163,6 +168,14 @@ def _val_keys(series: Series) -> dict[str, dict[str, str]]:
         if match:
             out.setdefault(match["source"], {})[match["name"]] = key
     return out
+
+
+def _one_on_policy_update(series: Series) -> bool:
+    """Every step took its old log-probs from the update's own forward (one epoch, one
+    mini-batch): the ratio is 1, ppo_kl and the clip fractions are 0 by construction."""
+    if "actor/old_log_prob_recomputed" not in series:
+        return False
+    return bool(np.all(series["actor/old_log_prob_recomputed"][1] == 0))
 
 
 def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
@@ -219,22 +232,38 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
                linestyle="--")  # fmt: skip
     p.finish(extra_handles_from=twin)
 
+    # one on-policy update per batch: the PPO ratio is exactly 1, so ppo_kl and the clip
+    # fractions are 0 by construction; say so rather than draw a flat line
+    on_policy = _one_on_policy_update(series)
+    by_construction = (
+        "0 by construction: one on-policy update per batch\n(ppo_epochs=1, one mini-batch), "
+        "so the PPO ratio is 1"
+    )
     p = _Panel(axes[1, 0], series, smooth, "KL", "KL")
-    p.line("actor/ppo_kl", "ppo_kl (old -> new policy)", color="C0")
+    if not on_policy:
+        p.line("actor/ppo_kl", "ppo_kl (old -> new policy)", color="C0")
     p.line("actor/kl_loss", "kl_loss (policy || ref)", color="C1")
     p.line("actor/reward_kl_penalty", "reward_kl_penalty", color="C2")
-    p.finish()
+    p.finish(empty=f"ppo_kl: {by_construction}" if on_policy else "no data")
 
     p = _Panel(axes[1, 1], series, smooth, "Entropy", "nats / token")
     p.line("actor/entropy", "actor entropy", color="C4")
-    p.finish()
+    twin = None
+    if "critic/score/zero_spread_frac" in series:
+        twin = p.ax.twinx()
+        twin.set_ylabel("fraction of groups")
+        twin.set_ylim(-0.02, 1.02)
+        p.line("critic/score/zero_spread_frac", "groups scored all alike (right axis)",
+               ax=twin, color="C3", linestyle="--")  # fmt: skip
+    p.finish(extra_handles_from=twin)
 
     p = _Panel(axes[1, 2], series, smooth, "Clip fraction", "fraction of tokens")
-    p.line("actor/pg_clipfrac", "pg_clipfrac", color="C5")
-    p.line("actor/pg_clipfrac_lower", "pg_clipfrac_lower (dual clip)", color="C6")
+    if not on_policy:
+        p.line("actor/pg_clipfrac", "pg_clipfrac", color="C5")
+        p.line("actor/pg_clipfrac_lower", "pg_clipfrac_lower (dual clip)", color="C6")
     if p.drawn:
         p.ax.set_ylim(bottom=0)
-    p.finish()
+    p.finish(empty=by_construction if on_policy else "no data")
 
     if title:
         fig.suptitle(title, fontsize=13)

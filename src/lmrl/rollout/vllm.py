@@ -23,7 +23,8 @@ token that completes a stop string, ``rollout_log_probs`` of the sampled tokens.
   top-k/top-p truncation. Without truncation (``top_k=-1``, ``top_p=1``, the RL default) they
   are the ``hf`` engine's values up to kernel rounding; with it they are the log-probs of the
   truncated distribution the tokens were really drawn from. ``rollout/actor_logprob_abs_diff``
-  shows the gap every step.
+  shows the gap every step. Greedy requests (validation) are scored at temperature 1, and
+  ``meta["temperature"]`` says so.
 - the randomness is vLLM's: each prompt's request is seeded with a hash of (seed, its position
   in the whole batch), so a seed reproduces a rollout and a batch split over ranks samples
   what one call samples, but the draws are not the ``hf`` engine's.
@@ -288,9 +289,11 @@ class VLLMEngine(RolloutEngine):
             response_mask[r, : len(ids)] = True
             log_probs[r, : len(ids)] = torch.tensor(lps, dtype=torch.float32)
         device = input_ids.device
+        # greedy requests are scored by vLLM at temperature 1, whatever sampling.temperature
+        temperature = sampling.logprob_temperature if sampling.do_sample else 1.0
         return finish_rollout(
             prompts, n, responses.to(device), response_mask.to(device), log_probs.to(device),
-            sampling.logprob_temperature,
+            temperature,
         )  # fmt: skip
 
     def _cut(self, ids: list[int], logprobs, stop: list[str]) -> tuple[list[int], list[float]]:

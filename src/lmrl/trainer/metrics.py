@@ -37,6 +37,8 @@ METRICS: dict[str, str] = {
     "critic/vf_explained_var": "1 - Var(returns - values) / Var(returns) over response tokens",
     "critic/grad_norm": "critic gradient norm before clipping",
     "critic/lr": "critic learning rate after this step's update",
+    "critic/score/zero_spread_frac": "fraction of prompt groups (n > 1 samples) whose samples "
+    "all scored the same: their group-relative advantages are 0, they teach nothing",
     "critic/score/": "sequence score from the reward function (mean, max, min)",
     "critic/rewards/": "sequence reward after the KL penalty (mean, max, min)",
     "critic/advantages/": "advantages over response tokens (mean, max, min)",
@@ -146,6 +148,10 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     out: dict[str, float] = {}
     if "token_level_scores" in batch:
         out |= _stats("critic/score", batch["token_level_scores"].sum(-1))
+        if "uid" in batch:
+            spread = zero_spread_fraction(batch["token_level_scores"].sum(-1), batch["uid"])
+            if spread is not None:
+                out["critic/score/zero_spread_frac"] = spread
     if "token_level_rewards" in batch:
         out |= _stats("critic/rewards", batch["token_level_rewards"].sum(-1))
     for key, name in (("advantages", "advantages"), ("returns", "returns"), ("values", "values")):
@@ -162,6 +168,28 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         prompt_len = batch["prompts"].shape[1]
         out |= _stats("prompt_length", batch["attention_mask"][:, :prompt_len].sum(-1))
     return out
+
+
+def zero_spread_fraction(scores: torch.Tensor, uid) -> float | None:
+    """The fraction of prompt groups with more than one sample whose scores are all equal.
+
+    Args:
+        scores: (B,) sequence scores; uid: (B,) the group of each row.
+    Returns:
+        None when no group has two samples.
+    """
+    import numpy as np
+
+    _, inverse, counts = np.unique(np.asarray(uid), return_inverse=True, return_counts=True)
+    groups = torch.as_tensor(inverse, dtype=torch.long)
+    scores = scores.float().cpu()
+    n = len(counts)
+    high = torch.full((n,), -math.inf).scatter_reduce(0, groups, scores, "amax")
+    low = torch.full((n,), math.inf).scatter_reduce(0, groups, scores, "amin")
+    several = torch.as_tensor(counts > 1)
+    if not several.any():
+        return None
+    return float(((high - low).abs() <= 1e-8)[several].float().mean())
 
 
 def throughput(batch: Batch, seconds: float) -> float:

@@ -37,6 +37,7 @@ from lmrl.errors import DataError
 from lmrl.logging import make_trackers
 from lmrl.models.loading import load_causal_lm, load_tokenizer, resolve_device
 from lmrl.models.lora import apply_lora, is_lora, merge_lora
+from lmrl.trainer.health import SFTHealth
 from lmrl.trainer.metrics import StageTimer, to_floats
 from lmrl.trainer.run import seed_everything
 from lmrl.workers.sft import SFTWorker
@@ -96,6 +97,7 @@ class SFTTrainer:
             model, cfg.optim, total_steps=self.total_steps, seed=cfg.trainer.seed
         )
         self.global_step = 0
+        self.health = SFTHealth(self.total_steps)
         # the console line is printed here (the console tracker summarizes RL metrics)
         self.console = "console" in cfg.trainer.logger
         self.tracker = make_trackers(
@@ -209,6 +211,8 @@ class SFTTrainer:
                     self.save(f"global_step_{self.global_step}")
                 history.append(metrics)
                 self.tracker.log(metrics, self.global_step)
+                for warning in self.health.check(metrics.get("sft/loss"), metrics.get("sft/lr")):
+                    log.warning("%s", warning)
                 if self.console:
                     print(self._line(metrics), flush=True)
                 if last:

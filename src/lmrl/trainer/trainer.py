@@ -39,6 +39,7 @@ from lmrl.trainer.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from lmrl.trainer.health import RunHealth
 from lmrl.trainer.metrics import StageTimer, data_metrics, engine_gap, throughput, to_floats
 from lmrl.trainer.resume import keep_old_config
 from lmrl.trainer.run import RunParts
@@ -64,6 +65,8 @@ class Trainer:
     ) -> None:
         self.parts = parts
         self.cfg = cfg
+        tokenizer = getattr(parts, "tokenizer", None)
+        self.health = RunHealth(len(tokenizer) if tokenizer is not None else None)
         self.on_stage = on_stage or (lambda name: None)
         self.run_dir = parts.run_dir
         self.total_steps = parts.total_steps
@@ -196,6 +199,8 @@ class Trainer:
                         metrics |= self.validate()
                     history.append(metrics)
                     self.log_metrics(metrics, step=step)
+                    for warning in self.health.check(metrics):
+                        log.warning("%s", warning)
                     if _every(t.log_generations_freq, step):
                         p.trackers.log_generations(self._generation_rows(), step=step)
                     if _every(t.save_freq, step):

@@ -1,0 +1,155 @@
+"""Warnings for runs that are failing while they run: each said once, with its likely fix.
+
+A run that does not learn rarely crashes. Its metrics say so long before the last step: the
+policy's entropy collapses while the score stays flat (it sharpens onto what it already
+does), most prompt groups score all alike (their GRPO advantages are 0 and they teach
+nothing), the policy starts from a near-uniform model (nothing to reinforce), or a warm start's
+loss does not drop. `RunHealth` watches the RL metrics step by step and `SFTHealth` the SFT
+loss; each returns the warnings that became true at this step, and never the same one twice.
+
+The thresholds are deliberately loose: a warning is a hint to look at the plot
+(``lmrl plot RUN_DIR``), not a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+
+__all__ = ["ZERO_SPREAD_KEY", "RunHealth", "SFTHealth"]
+
+ZERO_SPREAD_KEY = "critic/score/zero_spread_frac"
+ENTROPY_KEY = "actor/entropy"
+SCORE_KEY = "critic/score/mean"
+
+
+class RunHealth:
+    """Watch an RL run's metrics; `check` returns the new warnings of this step.
+
+    Args:
+        vocab_size: the policy's vocabulary (a near-uniform policy has ``log(vocab)`` nats).
+        window: steps compared at the start and now (score trend, sustained zero spread).
+    """
+
+    def __init__(self, vocab_size: int | None, window: int = 5) -> None:
+        self.vocab_size = vocab_size
+        self.window = window
+        self.said: set[str] = set()
+        self.first_entropy: float | None = None
+        self.first_scores: list[float] = []
+        self.recent_scores: deque[float] = deque(maxlen=window)
+        self.recent_spread: deque[float] = deque(maxlen=window)
+        self.steps = 0
+
+    def check(self, metrics: Mapping[str, float]) -> list[str]:
+        """The warnings that hold after this step's ``metrics`` and were not said before."""
+        self.steps += 1
+        out: list[str] = []
+        entropy = metrics.get(ENTROPY_KEY)
+        score = metrics.get(SCORE_KEY)
+        if score is not None and math.isfinite(score):
+            if len(self.first_scores) < self.window:
+                self.first_scores.append(score)
+            self.recent_scores.append(score)
+        if entropy is not None and math.isfinite(entropy):
+            if self.first_entropy is None:
+                self.first_entropy = entropy
+                out += self._uniform(entropy)
+            out += self._collapse(entropy)
+        spread = metrics.get(ZERO_SPREAD_KEY)
+        if spread is not None and math.isfinite(spread):
+            self.recent_spread.append(spread)
+            out += self._zero_spread()
+        return out
+
+    def _say(self, key: str, text: str) -> list[str]:
+        if key in self.said:
+            return []
+        self.said.add(key)
+        return [text]
+
+    def _uniform(self, entropy: float) -> list[str]:
+        if not self.vocab_size or self.vocab_size < 2:
+            return []
+        uniform = math.log(self.vocab_size)
+        if entropy < 0.8 * uniform:
+            return []
+        return self._say(
+            "uniform",
+            f"the policy starts near uniform: its entropy is {entropy:.2f} nats, against "
+            f"{uniform:.2f} for a uniform choice over its {self.vocab_size} tokens, so RL has "
+            "nothing to reinforce. Warm it up first (lmrl sft; a from-scratch tiny model "
+            "needs optim.lr ~1e-3, not a pretrained model's 1e-5 to 1e-4)",
+        )
+
+    def _collapse(self, entropy: float) -> list[str]:
+        start = self.first_entropy
+        if start is None or self.steps < 2 * self.window or start <= 0.2:
+            return []
+        if entropy > min(0.25 * start, 0.5):
+            return []
+        if len(self.recent_scores) < self.window or len(self.first_scores) < self.window:
+            return []
+        before = sum(self.first_scores) / len(self.first_scores)
+        now = sum(self.recent_scores) / len(self.recent_scores)
+        if now > before + 0.1 * max(abs(before), 0.1):
+            return []  # sharpening while the score rises: what training should do
+        return self._say(
+            "collapse",
+            f"the policy's entropy fell from {start:.2f} to {entropy:.2f} nats in "
+            f"{self.steps} steps while the mean score stayed at {before:.3f} -> {now:.3f}: it "
+            "is sharpening onto what it already does, not learning. Try a lower "
+            "actor.optim.lr, actor.clip_ratio_high=0.28 (DAPO's clip-higher), a small "
+            "actor.entropy_coeff, a higher rollout.temperature, or "
+            "algorithm.filter_groups.enable=true",
+        )
+
+    def _zero_spread(self) -> list[str]:
+        if len(self.recent_spread) < self.window:
+            return []
+        if min(self.recent_spread) < 0.8:
+            return []
+        share = sum(self.recent_spread) / len(self.recent_spread)
+        return self._say(
+            "zero_spread",
+            f"{share:.0%} of the prompt groups scored all alike over the last {self.window} "
+            "steps: their advantages are 0 and they teach nothing. Try "
+            "algorithm.filter_groups.enable=true (DAPO's dynamic sampling), a larger "
+            "rollout.n, a reward with partial credit, or prompts nearer the model's level",
+        )
+
+
+class SFTHealth:
+    """Warn once when a warm start's training loss has not dropped after a fair number of
+    steps (a quarter of the run, at least ``min_steps``).
+
+    Args:
+        total_steps: the run's steps.
+        min_steps: steps before the first verdict.
+    """
+
+    def __init__(self, total_steps: int, min_steps: int = 20) -> None:
+        self.after = max(min_steps, total_steps // 4)
+        self.losses: list[float] = []
+        self.said = False
+
+    def check(self, loss: float | None, lr: float | None = None) -> list[str]:
+        if loss is None or not math.isfinite(loss):
+            return []
+        self.losses.append(loss)
+        n = len(self.losses)
+        if self.said or n < self.after:
+            return []
+        k = max(3, self.after // 5)
+        first = sum(self.losses[:k]) / k
+        recent = sum(self.losses[-k:]) / k
+        if recent < 0.9 * first:
+            return []
+        self.said = True
+        rate = f" at optim.lr={lr:g}" if lr is not None else ""
+        return [
+            f"the SFT loss has not dropped after {n} steps{rate} ({first:.3f} -> "
+            f"{recent:.3f}): the model is not learning the warm start. A from-scratch model "
+            "needs optim.lr ~1e-3; check that the responses are in the data (data.response_key)"
+        ]
