@@ -131,7 +131,29 @@ def files(tmp_path, model_dir, train_file) -> dict[str, Path]:
     latin1.write_bytes("\n".join(rows).encode("latin-1") + b"\n")
     notes = tmp_path / "notes.txt"
     notes.write_text("keep me\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "syntax.py").write_text("def compute_score(:\n")
+    (tmp_path / "nofn.py").write_text("def other(data_source, solution_str):\n    return 1.0\n")
+    (tmp_path / "bad.yaml").write_text("actor: {clip_ratio: [0.2\n")
+    (tmp_path / "list.yaml").write_text("- actor\n- critic\n")
+    (tmp_path / "train.csv").write_text("prompt\nhello\n")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"question": ["2+2?"], "data_source": ["digits"]}),
+                   tmp_path / "noprompt.parquet")  # fmt: skip
+    pq.write_table(pa.table({"prompt": pa.array([], pa.string())}), tmp_path / "none.parquet")
     return {
+        "EMPTY": empty,
+        "SYNTAX": tmp_path / "syntax.py",
+        "NOFN": tmp_path / "nofn.py",
+        "BADYAML": tmp_path / "bad.yaml",
+        "LISTYAML": tmp_path / "list.yaml",
+        "CSV": tmp_path / "train.csv",
+        "NOPROMPT": tmp_path / "noprompt.parquet",
+        "NOROWS": tmp_path / "none.parquet",
+        "MISSING": tmp_path / "missing",
         "MODEL": model_dir,
         "DATA": train_file,
         "FINAL": final,
@@ -238,6 +260,231 @@ TABLE = [
         ("lmrl train: error: data.train_batch_size=0 must be >= 1",),
         not_says=("gen_batch_size", "config errors"),
     ),
+    # ---- the sweep of issue 16: what a new user meets, each one line naming the fix
+    Row(
+        "model-path-missing",
+        train("model.path={MISSING}"),
+        2,
+        ("model path '{MISSING}' does not exist",),
+    ),
+    Row(
+        "model-path-is-a-file",
+        train("model.path={NOTES}"),
+        2,
+        ("'{NOTES}' is a file; expected a model directory",),
+        intact=("NOTES",),
+    ),
+    Row(
+        "model-dir-without-config",
+        train("model.path={EMPTY}"),
+        2,
+        ("without a config.json", "lmrl tiny-model"),
+    ),
+    Row(
+        "model-path-not-set",
+        ["train", "data.train_files={DATA}"],
+        2,
+        ("model.path is not set", "actor_rollout_ref.model.path"),
+    ),
+    Row(
+        "data-missing",
+        train("data.train_files={MISSING}.parquet"),
+        2,
+        ("data file {MISSING}.parquet does not exist",),
+    ),
+    Row(
+        "data-csv",
+        train("data.train_files={CSV}"),
+        2,
+        ("unsupported data file type '.csv'", ".parquet"),
+        intact=("CSV",),
+    ),
+    Row(
+        "data-without-a-prompt-column",
+        train("data.train_files={NOPROMPT}"),
+        2,
+        ("column 'prompt': missing", "'question'"),
+    ),
+    Row("data-without-rows", train("data.train_files={NOROWS}"), 2, ("no rows in",)),
+    Row(
+        "val-data-missing",
+        train("data.val_files={MISSING}.parquet"),
+        2,
+        ("data file {MISSING}.parquet does not exist",),
+    ),
+    Row(
+        "reward-file-missing",
+        train("reward.custom_reward_function.path={MISSING}.py"),
+        2,
+        ("custom reward function file {MISSING}.py does not exist",),
+    ),
+    Row(
+        "reward-file-syntax-error",
+        train("reward.custom_reward_function.path={SYNTAX}"),
+        2,
+        ("SyntaxError", "syntax.py, line 1"),
+        intact=("SYNTAX",),
+    ),
+    Row(
+        "reward-function-misnamed",
+        train("reward.custom_reward_function.path={NOFN}"),
+        2,
+        ("'compute_score' not found", "callables there: ['other']"),
+        intact=("NOFN",),
+    ),
+    Row(
+        "unknown-key",
+        train("actor.clip_ratoi=0.2"),
+        2,
+        ("unknown key 'actor.clip_ratoi'; did you mean 'actor.clip_ratio'?",),
+    ),
+    Row(
+        "wrong-type",
+        train("actor.optim.lr=abc"),
+        2,
+        ("actor.optim.lr: expected a number, got 'abc'",),
+    ),
+    Row("unknown-estimator", train("algorithm.adv_estimator=grpoo"), 2, ("did you mean 'grpo'?",)),
+    Row(
+        "unknown-loss-aggregation",
+        train("actor.loss_agg_mode=mean"),
+        2,
+        ("not a loss aggregation mode", "token-mean"),
+    ),
+    Row("zero-samples", train("rollout.n=0"), 2, ("rollout.n=0 must be >= 1",)),
+    Row(
+        "zero-response-length",
+        train("data.max_response_length=0"),
+        2,
+        ("data.max_response_length=0 must be >= 1",),
+    ),
+    Row(
+        "mini-batch-larger-than-the-batch",
+        train("actor.ppo_mini_batch_size=8"),
+        2,
+        ("actor.ppo_mini_batch_size=8 is larger than data.train_batch_size=4",),
+    ),
+    Row(
+        "sampling-at-temperature-0",
+        train("rollout.temperature=0"),
+        2,
+        ("rollout.do_sample=false for greedy decoding",),
+    ),
+    Row("unknown-dtype", train("model.dtype=float8"), 2, ("did you mean 'float64'?",)),
+    Row("negative-lora-rank", train("model.lora_rank=-1"), 2, ("model.lora_rank=-1 must be >= 0",)),
+    Row(
+        "unknown-logger",
+        train("trainer.logger=[nonexistent]"),
+        2,
+        ("item 'nonexistent' is not one of console, jsonl",),
+    ),
+    Row(
+        "negative-steps",
+        train("trainer.total_training_steps=-5"),
+        2,
+        ("trainer.total_training_steps=-5 must be >= 1",),
+    ),
+    Row(
+        "cuda-without-a-gpu",
+        train("trainer.device=cuda"),
+        2,
+        ("CUDA is not available; use trainer.device=cpu",),
+    ),
+    Row(
+        "reward-model-without-a-path",
+        train("reward_model.enable=true"),
+        2,
+        ("reward_model.model.path=",),
+    ),
+    Row(
+        "override-without-equals",
+        train("actor.clip_ratio"),
+        2,
+        ("override 'actor.clip_ratio' is not key=value",),
+    ),
+    Row(
+        "config-file-missing",
+        ["train", "--config", "{MISSING}.yaml"],
+        2,
+        ("config file {MISSING}.yaml does not exist",),
+    ),
+    Row(
+        "config-file-bad-yaml",
+        ["train", "--config", "{BADYAML}"],
+        2,
+        ("is not valid YAML: line 2, column 1",),
+        intact=("BADYAML",),
+    ),
+    Row(
+        "config-file-a-list",
+        ["train", "--config", "{LISTYAML}"],
+        2,
+        ("must hold a mapping of sections", "got a list"),
+    ),
+    Row(
+        "run-dir-is-a-file",
+        train("trainer.default_local_dir={NOTES}"),
+        2,
+        ("{NOTES} is a file, not a directory",),
+        intact=("NOTES",),
+    ),
+    Row(
+        "run-dir-not-writable",
+        train("trainer.default_local_dir=/proc/lmrl-run"),
+        2,
+        ("trainer.default_local_dir=/proc/lmrl-run is not writable",),
+    ),
+    Row(
+        "resume-from-a-missing-checkpoint",
+        train("trainer.resume_mode=resume_path", "trainer.resume_from_path={MISSING}"),
+        2,
+        ("{MISSING}: does not exist", "global_step_N"),
+    ),
+    Row(
+        "ray-address-nobody-answers",
+        train("trainer.backend=ray", "resources.ray_address=127.0.0.1:1"),
+        2,
+        ("nothing answers there", "ray start --head"),
+    ),
+    Row(
+        "eval-of-a-missing-run",
+        ["eval", "{MISSING}"],
+        2,
+        ("neither a run directory with a checkpoint nor a checkpoint",),
+    ),
+    Row(
+        "plot-of-a-directory-without-metrics", ["plot", "{EMPTY}"], 2, ("metrics.jsonl not found",)
+    ),
+    Row(
+        "unknown-task",
+        ["tasks", "digitz", "--out", "{MISSING}"],
+        2,
+        ("unknown task 'digitz'; tasks: arithmetic",),
+    ),
+    Row(
+        "tiny-model-unknown-size",
+        ["tiny-model", "{MISSING}", "--size", "huge"],
+        2,
+        ("size must be one of ['tiny', 'small', 'base']",),
+    ),
+    Row(
+        "sft-without-data",
+        ["sft", "model.path={MODEL}", "trainer.default_local_dir={RUN}"],
+        2,
+        ("data.train_files is not set",),
+    ),
+    Row(
+        "sft-response-column-missing",
+        [
+            "sft",
+            "model.path={MODEL}",
+            "data.train_files={DATA}",
+            "data.response_key=answerz",
+            "trainer.default_local_dir={RUN}",
+        ],
+        2,
+        ("neither a 'answerz' column (data.response_key)", "response_from_ground_truth"),
+    ),
     Row(
         "derived-critic-keys-not-named-in-grpo",
         train("algorithm.adv_estimator=grpo", "rollout.n=2", "actor.ppo_epochs=0"),
@@ -300,3 +547,19 @@ def test_bad_input_in_a_process(row_id, files):
     assert len(lines) == 1 and fill(row.says[-1], files) in lines[0], done.stderr
     for name in row.intact:
         assert snapshot(files[name]) == before[name]
+
+
+def test_tiny_model_prints_next_commands_that_load(tmp_path, capsys):
+    """The warm start and the RL run it suggests are valid configs (from-scratch settings)."""
+    from lmrl.config import load_config
+    from lmrl.config.sft import load_sft_config
+
+    assert main(["tiny-model", str(tmp_path / "m")]) == 0
+    out = capsys.readouterr().out
+    commands = out.split("next:", 1)[1].replace("\\\n", " ").splitlines()
+    sft = next(c for c in commands if c.strip().startswith("lmrl sft")).split()[2:]
+    rl = next(c for c in commands if c.strip().startswith("lmrl train")).split()[2:]
+    assert f"model.path={tmp_path / 'm'}" in sft and "optim.lr=1e-3" in sft
+    assert load_sft_config(None, sft).optim.lr == 1e-3
+    cfg = load_config(None, rl)
+    assert cfg.actor.optim.lr == 3e-4 and cfg.data.max_response_length == 8

@@ -177,3 +177,22 @@ def test_a_run_killed_before_its_first_save_resumes_fresh(tiny_workspace, tiny_o
     trainer = fit(tiny_overrides(tiny_workspace, run_dir, "trainer.total_training_steps=1"))
     assert trainer.global_step == 1
     assert Path(latest_checkpoint(run_dir)).name == "global_step_1"
+
+
+def test_a_damaged_run_directory_resumes_from_its_last_good_checkpoint_or_says_what_to_fix(
+    tiny_workspace, tiny_overrides, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    fit(tiny_overrides(tiny_workspace, run_dir))  # checkpoints at steps 1 and 2
+    damaged = run_dir / "global_step_2" / "actor.safetensors"
+    damaged.write_bytes(damaged.read_bytes()[:100])  # a disk that lost the file's tail
+    trainer = fit(tiny_overrides(tiny_workspace, run_dir, "trainer.total_training_steps=3"))
+    assert trainer.global_step == 3  # went on from global_step_1, the last complete one
+
+    (run_dir / "config.yaml").write_text("actor: [broken\n")
+    args = tiny_overrides(tiny_workspace, run_dir, "trainer.total_training_steps=4")
+    assert cli_main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config.yaml: unreadable (line 2, column 1" in err
+    assert "delete it to resume without comparing them" in err
+    assert latest_checkpoint(run_dir).name == "global_step_3"  # nothing lost

@@ -256,7 +256,7 @@ def _read_yaml(path: Path) -> Mapping[str, Any]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {path} is not valid YAML: {err}") from None
+        raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(err)}") from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -449,3 +449,11 @@ def _emit(found: list[str], notices: list[str] | None) -> None:
         logger.warning(line)
     if notices is not None:
         notices.extend(found)
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML error in one line: ``line L, column C: what`` (PyYAML's own message spans six)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    what = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{where}{what}"

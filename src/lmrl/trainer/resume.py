@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from lmrl.config import Config, config_to_dict
+from lmrl.config.loader import yaml_problem
 from lmrl.errors import CheckpointError
 from lmrl.trainer.checkpoint import check_checkpoint, latest_checkpoint
 
@@ -102,7 +103,10 @@ def resume_point(mode: str, run_dir: Path) -> Path | None:
         return latest_checkpoint(run_dir)
     path = Path(mode)
     if not path.exists():
-        raise CheckpointError(f"trainer.resume_mode={mode}: does not exist")
+        raise CheckpointError(
+            f"trainer.resume_mode={mode}: does not exist (resume_mode takes auto, disable, or "
+            "a checkpoint directory global_step_N of a run)"
+        )
     problem = check_checkpoint(path)
     if problem:
         raise CheckpointError(f"trainer.resume_mode={mode}: not a usable checkpoint: {problem}")
@@ -145,7 +149,11 @@ def check_config_change(cfg: Config, checkpoint: Path) -> list[tuple[str, Any, A
     try:
         saved = yaml.safe_load(saved_path.read_text()) or {}
     except (OSError, yaml.YAMLError) as err:
-        raise CheckpointError(f"{saved_path}: unreadable ({err})") from None
+        why = yaml_problem(err) if isinstance(err, yaml.YAMLError) else str(err)
+        raise CheckpointError(
+            f"{saved_path}: unreadable ({why}); it holds the settings this run was saved with: "
+            "restore it, or delete it to resume without comparing them"
+        ) from None
     new = yaml.safe_load(yaml.safe_dump(config_to_dict(cfg)))  # as config.yaml holds it
     changes = config_changes(saved, new)
     if changes and not cfg.trainer.allow_config_change:

@@ -39,6 +39,7 @@ from lmrl.models.loading import load_causal_lm, load_tokenizer, resolve_device
 from lmrl.models.lora import apply_lora, is_lora, merge_lora
 from lmrl.trainer.health import SFTHealth
 from lmrl.trainer.metrics import StageTimer, to_floats
+from lmrl.trainer.resume import check_run_dir
 from lmrl.trainer.run import seed_everything
 from lmrl.workers.sft import SFTWorker
 
@@ -64,9 +65,8 @@ class SFTTrainer:
         seed_everything(cfg.trainer.seed)
         self.device = resolve_device(cfg.trainer.device)
         self.run_dir = Path(cfg.trainer.default_local_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        check_run_dir(self.run_dir)  # writable, or one line now; written once all loads
         self.final_dir = self.run_dir / "final"
-        save_config(cfg, self.run_dir / "config.yaml", command="lmrl sft")
 
         m, d = cfg.model, cfg.data
         self.tokenizer = load_tokenizer(m.path, m.trust_remote_code)
@@ -100,6 +100,8 @@ class SFTTrainer:
         self.health = SFTHealth(self.total_steps)
         # the console line is printed here (the console tracker summarizes RL metrics)
         self.console = "console" in cfg.trainer.logger
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml", command="lmrl sft")
         self.tracker = make_trackers(
             [n for n in cfg.trainer.logger if n != "console"],
             self.run_dir,
