@@ -69,3 +69,14 @@ def test_the_trainer_warns_about_a_from_scratch_policy(
     assert all(ZERO_SPREAD_KEY in m for m in history)
     said = [r.getMessage() for r in caplog.records if "starts near uniform" in r.getMessage()]
     assert len(said) == 1
+
+
+def test_flat_validation_while_the_train_score_rises_is_said_once():
+    # the seed-2 demo's shape: validation at ~0.70 from early on, the train score climbing
+    rows = [{"critic/score/mean": 0.5 + 0.02 * i, "val/digits/acc": min(0.3 + 0.1 * i, 0.7)}
+            for i in range(20)]  # fmt: skip
+    said = _feed(RunHealth(None), rows)
+    assert len(said) == 1 and "validation stayed at 0.700" in said[0]
+    improving = [{"critic/score/mean": 0.5 + 0.02 * i, "val/digits/acc": 0.3 + 0.03 * i}
+                 for i in range(20)]  # fmt: skip
+    assert _feed(RunHealth(None), improving) == []

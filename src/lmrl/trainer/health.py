@@ -4,7 +4,8 @@ A run that does not learn rarely crashes. Its metrics say so long before the las
 policy's entropy collapses while the score stays flat (it sharpens onto what it already
 does), most prompt groups score all alike (their GRPO advantages are 0 and they teach
 nothing), the policy starts from a near-uniform model (nothing to reinforce), or a warm start's
-loss does not drop. `RunHealth` watches the RL metrics step by step and `SFTHealth` the SFT
+loss does not drop, or validation stays flat while the train score keeps rising (the policy
+polishes partial credit). `RunHealth` watches the RL metrics step by step and `SFTHealth` the SFT
 loss; each returns the warnings that became true at this step, and never the same one twice.
 
 The thresholds are deliberately loose: a warning is a hint to look at the plot
@@ -40,6 +41,7 @@ class RunHealth:
         self.first_scores: list[float] = []
         self.recent_scores: deque[float] = deque(maxlen=window)
         self.recent_spread: deque[float] = deque(maxlen=window)
+        self.validations: list[tuple[float, float]] = []  # (train score, validation score)
         self.steps = 0
 
     def check(self, metrics: Mapping[str, float]) -> list[str]:
@@ -61,7 +63,32 @@ class RunHealth:
         if spread is not None and math.isfinite(spread):
             self.recent_spread.append(spread)
             out += self._zero_spread()
+        val = _validation_score(metrics)
+        if val is not None and score is not None:
+            self.validations.append((score, val))
+            out += self._val_flat()
         return out
+
+    def _val_flat(self, last: int = 8, rise: float = 0.05, gain: float = 0.02) -> list[str]:
+        """Validation flat over the last ``last`` validations while the train score rose."""
+        if len(self.validations) < 2 * last:
+            return []
+        earlier, recent = self.validations[:-last], self.validations[-last:]
+        best_before = max(v for _, v in earlier)
+        if max(v for _, v in recent) > best_before + gain:
+            return []
+        train_then = sum(s for s, _ in earlier[-last:]) / last
+        train_now = sum(s for s, _ in recent) / last
+        if train_now < train_then + rise:
+            return []
+        return self._say(
+            "val_flat",
+            f"the train score rose from {train_then:.3f} to {train_now:.3f} over the last "
+            f"{last} validations while validation stayed at {best_before:.3f}: the policy "
+            "improves what it already gets partly right, not what validation counts. Look at "
+            "the reward (partial credit can pay most of the score for a wrong answer), a "
+            "larger rollout.n, and the model's size (docs/learning.md)",
+        )
 
     def _say(self, key: str, text: str) -> list[str]:
         if key in self.said:
@@ -153,3 +180,14 @@ class SFTHealth:
             f"{recent:.3f}): the model is not learning the warm start. A from-scratch model "
             "needs optim.lr ~1e-3; check that the responses are in the data (data.response_key)"
         ]
+
+
+def _validation_score(metrics: Mapping[str, float]) -> float | None:
+    """The mean over data sources of ``val/<source>/acc`` (else ``reward/mean``), if validated."""
+    accs = [v for k, v in metrics.items() if k.startswith("val/") and k.endswith("/acc")]
+    if not accs:
+        accs = [
+            v for k, v in metrics.items() if k.startswith("val/") and k.endswith("/reward/mean")
+        ]
+    accs = [v for v in accs if math.isfinite(v)]
+    return sum(accs) / len(accs) if accs else None
