@@ -57,6 +57,7 @@ def _rank(rank: int, world: int, port: int, model_dir: str, kind: str, out: str,
             dp = DDP(rank, world)
         _update(model_dir, kind, dp, out if rank == 0 else None)
     finally:
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it
         dist.destroy_process_group()
 
 
@@ -147,6 +148,7 @@ def _reference_rank(rank: int, world: int, port: int, model_dir: str, out: str) 
         if rank == 0:
             torch.save(log_probs, out)
     finally:
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it
         dist.destroy_process_group()
 
 

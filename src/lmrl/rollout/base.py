@@ -28,15 +28,24 @@ from __future__ import annotations
 
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import nn
 
 from lmrl.batch import Batch
 
-__all__ = ["RolloutEngine", "SamplingParams", "check_prompts", "finish_rollout"]
+__all__ = [
+    "CallSeeds",
+    "RolloutEngine",
+    "SamplingParams",
+    "check_prompts",
+    "default_eos_ids",
+    "finish_rollout",
+    "stop_and_pad_ids",
+]
 
 
 @dataclass(frozen=True)
@@ -248,3 +257,68 @@ def finish_rollout(
     rows["rollout_log_probs"] = rollout_log_probs.to(device)
     rows.meta["temperature"] = float(temperature)
     return rows
+
+
+def default_eos_ids(model: nn.Module, tokenizer=None) -> list[int]:
+    """Every id that ends a sample: the tokenizer's ``eos_token_id`` and the model's
+    ``generation_config.eos_token_id`` (an int or a list), de-duplicated.
+
+    Raises:
+        ValueError: neither defines an EOS id.
+    """
+    ids: list[int] = []
+    candidates = [getattr(tokenizer, "eos_token_id", None)]
+    generation_config = getattr(model, "generation_config", None)
+    candidates.append(getattr(generation_config, "eos_token_id", None))
+    for c in candidates:
+        for i in [c] if isinstance(c, int) else (c or []):
+            if i is not None and int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError(
+            "no EOS token id: neither the tokenizer nor model.generation_config defines "
+            "eos_token_id; pass eos_token_ids to the engine"
+        )
+    return ids
+
+
+def stop_and_pad_ids(
+    model, tokenizer, eos_token_ids: Sequence[int] | None, pad_token_id: int | None
+) -> tuple[list[int], int]:
+    """An engine's ``(eos ids, pad id)``: the given EOS ids or `default_eos_ids`; the given pad
+    id, else the tokenizer's, else the first EOS id.
+
+    Raises:
+        ValueError: an empty list of EOS ids.
+    """
+    eos = (
+        [int(i) for i in eos_token_ids]
+        if eos_token_ids is not None
+        else default_eos_ids(model, tokenizer)
+    )
+    if not eos:
+        raise ValueError("eos_token_ids must not be empty")
+    if pad_token_id is None:
+        pad_token_id = getattr(tokenizer, "pad_token_id", None)
+    return eos, int(pad_token_id) if pad_token_id is not None else eos[0]
+
+
+class CallSeeds:
+    """The seed of each ``generate`` call: the `SamplingParams`' own, else the next draw of an
+    engine-owned generator (seeded by ``seed``, or nondeterministically when None), which
+    leaves the global RNG alone."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = seed
+        self.generator: torch.Generator | None = None
+
+    def for_call(self, sampling: SamplingParams) -> int:
+        if sampling.seed is not None:
+            return sampling.seed
+        if self.generator is None:
+            self.generator = torch.Generator()
+            if self.seed is None:
+                self.generator.seed()
+            else:
+                self.generator.manual_seed(self.seed)
+        return int(torch.randint(0, 2**62, (1,), generator=self.generator))

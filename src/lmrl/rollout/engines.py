@@ -14,7 +14,7 @@ from lmrl.errors import LmrlError
 from lmrl.rollout.base import RolloutEngine
 from lmrl.rollout.hf import HFEngine
 
-__all__ = ["ENGINES", "build_engine"]
+__all__ = ["ENGINES", "build_engine", "engine_options"]
 
 ENGINES: Registry = Registry("rollout engine")
 ENGINES.register("hf")(HFEngine)
@@ -33,6 +33,31 @@ def _vllm_engine(model: nn.Module, tokenizer=None, **options) -> RolloutEngine:
     if missing:
         raise LmrlError(missing)
     return VLLMEngine(model, tokenizer, **options)
+
+
+def _vllm_options(cfg) -> dict:
+    r = cfg.rollout
+    return {
+        "model_path": cfg.model.path,
+        "max_model_len": r.max_model_len
+        or cfg.data.max_prompt_length + cfg.data.max_response_length,
+        "gpu_memory_utilization": r.gpu_memory_utilization,
+        "tensor_model_parallel_size": r.tensor_model_parallel_size,
+        "max_num_batched_tokens": r.max_num_batched_tokens,
+        "enforce_eager": r.enforce_eager,
+        "free_cache_engine": r.free_cache_engine,
+        "dtype": r.dtype,
+    }
+
+
+# an engine's settings beyond the model, tokenizer and seed, read from a run's config
+_OPTIONS = {"vllm": _vllm_options}
+
+
+def engine_options(cfg) -> dict:
+    """The keyword arguments ``cfg.rollout.name``'s engine takes from the config."""
+    options = _OPTIONS.get(cfg.rollout.name)
+    return options(cfg) if options is not None else {}
 
 
 def build_engine(name: str, model: nn.Module, tokenizer=None, **options) -> RolloutEngine:

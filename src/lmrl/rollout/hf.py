@@ -34,32 +34,17 @@ from torch import nn
 
 from lmrl.batch import Batch
 from lmrl.models.forward import distinct_rows
-from lmrl.rollout.base import RolloutEngine, SamplingParams, check_prompts, finish_rollout
+from lmrl.rollout.base import (
+    CallSeeds,
+    RolloutEngine,
+    SamplingParams,
+    check_prompts,
+    default_eos_ids,
+    finish_rollout,
+    stop_and_pad_ids,
+)
 
 __all__ = ["HFEngine", "default_eos_ids"]
-
-
-def default_eos_ids(model: nn.Module, tokenizer=None) -> list[int]:
-    """Every id that ends a sample: the tokenizer's ``eos_token_id`` and the model's
-    ``generation_config.eos_token_id`` (an int or a list), de-duplicated.
-
-    Raises:
-        ValueError: neither defines an EOS id.
-    """
-    ids: list[int] = []
-    candidates = [getattr(tokenizer, "eos_token_id", None)]
-    generation_config = getattr(model, "generation_config", None)
-    candidates.append(getattr(generation_config, "eos_token_id", None))
-    for c in candidates:
-        for i in [c] if isinstance(c, int) else (c or []):
-            if i is not None and int(i) not in ids:
-                ids.append(int(i))
-    if not ids:
-        raise ValueError(
-            "no EOS token id: neither the tokenizer nor model.generation_config defines "
-            "eos_token_id; pass eos_token_ids to the engine"
-        )
-    return ids
 
 
 def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -114,21 +99,11 @@ class HFEngine(RolloutEngine):
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
-        self.eos_ids = (
-            [int(i) for i in eos_token_ids]
-            if eos_token_ids is not None
-            else default_eos_ids(model, tokenizer)
-        )
-        if not self.eos_ids:
-            raise ValueError("eos_token_ids must not be empty")
-        if pad_token_id is None:
-            pad_token_id = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = int(pad_token_id) if pad_token_id is not None else self.eos_ids[0]
+        self.eos_ids, self.pad_id = stop_and_pad_ids(model, tokenizer, eos_token_ids, pad_token_id)
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
         self.micro_batch_size = micro_batch_size
-        self._seed = seed
-        self._generator: torch.Generator | None = None
+        self.seeds = CallSeeds(seed)
         params = inspect.signature(model.forward).parameters
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         # only the last position's logits are needed: never build (B, P, V) at prefill
@@ -162,7 +137,7 @@ class HFEngine(RolloutEngine):
         input_ids, mask = check_prompts(prompts, n)
         if self.tokenizer is None and sampling.stop:
             raise ValueError("stop strings need the engine's tokenizer (tokenizer=None given)")
-        seed = self._seed_for(sampling)
+        seed = self.seeds.for_call(sampling)
         device = self._device()
         position_ids = prompts.get("position_ids")
         rows = torch.arange(len(prompts)).repeat_interleave(n)
@@ -203,18 +178,6 @@ class HFEngine(RolloutEngine):
     def _device(self) -> torch.device:
         first = next(self.model.parameters(), None)
         return first.device if first is not None else torch.device("cpu")
-
-    def _seed_for(self, sampling: SamplingParams) -> int:
-        """The call's seed: the sampling's own, else a fresh one from the engine's generator."""
-        if sampling.seed is not None:
-            return sampling.seed
-        if self._generator is None:
-            self._generator = torch.Generator()
-            if self._seed is None:
-                self._generator.seed()  # nondeterministic, leaves the global RNG alone
-            else:
-                self._generator.manual_seed(self._seed)
-        return int(torch.randint(0, 2**62, (1,), generator=self._generator))
 
     def _forward(self, ids, attention_mask, position_ids, cache) -> torch.Tensor:
         """Logits (B, V) at the last position, in float32, updating ``cache`` in place."""

@@ -45,8 +45,14 @@ from torch import nn
 from lmrl.batch import Batch
 from lmrl.errors import LmrlError
 from lmrl.models.loading import weights_version
-from lmrl.rollout.base import RolloutEngine, SamplingParams, check_prompts, finish_rollout
-from lmrl.rollout.hf import default_eos_ids
+from lmrl.rollout.base import (
+    CallSeeds,
+    RolloutEngine,
+    SamplingParams,
+    check_prompts,
+    finish_rollout,
+    stop_and_pad_ids,
+)
 
 __all__ = ["VLLMEngine", "vllm_missing"]
 
@@ -134,16 +140,8 @@ class VLLMEngine(RolloutEngine):
         self.model = model
         self.model_path = model_path
         self.tokenizer = tokenizer
-        self.eos_ids = (
-            [int(i) for i in eos_token_ids]
-            if eos_token_ids is not None
-            else default_eos_ids(model, tokenizer)
-        )
-        if pad_token_id is None:
-            pad_token_id = getattr(tokenizer, "pad_token_id", None)
-        self.pad_id = int(pad_token_id) if pad_token_id is not None else self.eos_ids[0]
-        self._seed = seed
-        self._generator: torch.Generator | None = None
+        self.eos_ids, self.pad_id = stop_and_pad_ids(model, tokenizer, eos_token_ids, pad_token_id)
+        self.seeds = CallSeeds(seed)
         self.device = next(model.parameters()).device
         self.sleeps = bool(free_cache_engine) and self.device.type == "cuda"
         self._synced: tuple[int, ...] | None = None
@@ -180,7 +178,7 @@ class VLLMEngine(RolloutEngine):
             kwargs["enable_sleep_mode"] = True
         llm = LLM(
             model=str(path),
-            seed=self._seed or 0,
+            seed=self.seeds.seed or 0,
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
             **kwargs,
@@ -250,7 +248,7 @@ class VLLMEngine(RolloutEngine):
         input_ids, mask = check_prompts(prompts, n)
         if self.tokenizer is None and sampling.stop:
             raise ValueError("stop strings need the engine's tokenizer (tokenizer=None given)")
-        seed = self._seed_for(sampling)
+        seed = self.seeds.for_call(sampling)
         requests, params = [], []
         for i in range(len(prompts)):
             ids = input_ids[i][mask[i]].tolist()
@@ -314,17 +312,6 @@ class VLLMEngine(RolloutEngine):
                     end = t + 1
                     break
         return ids[:end], lps[:end]
-
-    def _seed_for(self, sampling: SamplingParams) -> int:
-        if sampling.seed is not None:
-            return sampling.seed
-        if self._generator is None:
-            self._generator = torch.Generator()
-            if self._seed is None:
-                self._generator.seed()
-            else:
-                self._generator.manual_seed(self._seed)
-        return int(torch.randint(0, 2**62, (1,), generator=self._generator))
 
     def close(self) -> None:
         """Free vLLM's memory and its snapshot directory."""

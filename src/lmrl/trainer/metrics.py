@@ -178,18 +178,18 @@ def zero_spread_fraction(scores: torch.Tensor, uid) -> float | None:
     Returns:
         None when no group has two samples.
     """
-    import numpy as np
+    from lmrl.algos.advantages import group_ids
 
-    _, inverse, counts = np.unique(np.asarray(uid), return_inverse=True, return_counts=True)
-    groups = torch.as_tensor(inverse, dtype=torch.long)
     scores = scores.float().cpu()
+    groups = group_ids(uid)
+    counts = torch.bincount(groups)
     n = len(counts)
     high = torch.full((n,), -math.inf).scatter_reduce(0, groups, scores, "amax")
     low = torch.full((n,), math.inf).scatter_reduce(0, groups, scores, "amin")
-    several = torch.as_tensor(counts > 1)
+    several = counts > 1
     if not several.any():
         return None
-    return float(((high - low).abs() <= 1e-8)[several].float().mean())
+    return float((high == low)[several].float().mean())
 
 
 def throughput(batch: Batch, seconds: float) -> float:

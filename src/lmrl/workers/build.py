@@ -20,6 +20,7 @@ from lmrl.config import Config
 from lmrl.models import apply_lora, build_reference, load_causal_lm
 from lmrl.models.critic import load_critic
 from lmrl.rollout import build_engine
+from lmrl.rollout.engines import engine_options
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
 from lmrl.workers.reference import ReferenceWorker
@@ -121,21 +122,3 @@ def build_workers(
             **engine_options(cfg),
         )  # fmt: skip
     return Workers(policy=policy, actor=actor, critic=critic, reference=reference, engine=engine)
-
-
-def engine_options(cfg: Config) -> dict:
-    """The engine's own settings from ``rollout`` (none for ``hf``)."""
-    r = cfg.rollout
-    if r.name != "vllm":
-        return {}
-    return {
-        "model_path": cfg.model.path,
-        "max_model_len": r.max_model_len
-        or cfg.data.max_prompt_length + cfg.data.max_response_length,
-        "gpu_memory_utilization": r.gpu_memory_utilization,
-        "tensor_model_parallel_size": r.tensor_model_parallel_size,
-        "max_num_batched_tokens": r.max_num_batched_tokens,
-        "enforce_eager": r.enforce_eager,
-        "free_cache_engine": r.free_cache_engine,
-        "dtype": r.dtype,
-    }
