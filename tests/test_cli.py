@@ -333,6 +333,15 @@ TABLE = [
         intact=("NOFN",),
     ),
     Row(
+        "scorer-option-unknown",
+        train("reward.scorer_options.digits.exact=true"),
+        2,
+        (
+            "reward.scorer_options.digits.exact: the digits scorer has no option 'exact'",
+            "its options: binary",
+        ),
+    ),
+    Row(
         "unknown-key",
         train("actor.clip_ratoi=0.2"),
         2,
@@ -459,7 +468,7 @@ TABLE = [
         "unknown-task",
         ["tasks", "digitz", "--out", "{MISSING}"],
         2,
-        ("unknown task 'digitz'; tasks: arithmetic",),
+        ("unknown task 'digitz'; tasks: add, arithmetic",),
     ),
     Row(
         "tiny-model-unknown-size",
@@ -562,4 +571,5 @@ def test_tiny_model_prints_next_commands_that_load(tmp_path, capsys):
     assert f"model.path={tmp_path / 'm'}" in sft and "optim.lr=1e-3" in sft
     assert load_sft_config(None, sft).optim.lr == 1e-3
     cfg = load_config(None, rl)
-    assert cfg.actor.optim.lr == 3e-4 and cfg.data.max_response_length == 8
+    assert cfg.actor.optim.lr == 1e-4 and cfg.data.max_response_length == 8
+    assert cfg.rollout.temperature == 0.7

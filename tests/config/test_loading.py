@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import textwrap
 
 import pytest
@@ -192,6 +193,71 @@ def test_items_of_a_mapping_key_can_be_set_one_by_one():
         ],
     )
     assert cfg.reward.custom_reward_function.reward_kwargs == {"scale": 2, "offset": 0.5}
+
+
+def test_scorer_options_nest_and_reach_the_reward_manager():
+    from tests.rewards.test_managers import make_batch
+
+    from lmrl.models.tiny import build_tokenizer
+    from lmrl.workers.reward import build_reward
+
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            "reward.num_workers=0",
+            "reward.scorer_options={gsm8k: {method: flexible}}",
+            "reward.scorer_options.digits.binary=true",  # one item, nested by its dots
+        ],
+    )
+    assert cfg.reward.scorer_options == {
+        "gsm8k": {"method": "flexible"},
+        "digits": {"binary": True},
+    }
+    tok = build_tokenizer()
+    batch = make_batch(tok, ["321", "320"], ["321", "321"])
+    for options, expected in ((cfg.reward.scorer_options, [1.0, 0.0]), ({}, [1.0, 2 / 3])):
+        cfg.reward.scorer_options = options
+        manager = build_reward(cfg, tok)
+        try:
+            assert manager(batch).scores.tolist() == pytest.approx(expected)
+        finally:
+            manager.close()
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("reward.scorer_options.add=3", "reward.scorer_options.add must be a mapping"),
+        ("reward.custom_reward_function.path=/r.py", "reward.custom_reward_function.path "
+         "replaces them"),
+    ],
+)  # fmt: skip
+def test_scorer_options_errors_name_the_key(override, message):
+    extra = ["reward.scorer_options.digits.binary=true"] if "custom" in override else []
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(None, [*BASE, override, *extra])
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"digitz": {"binary": True}}, "reward.scorer_options.digitz: no built-in scorer has "
+         "that data_source; valid names: DigitalLearningGmbH/MATH-lighteval"),
+        ({"add": {"exact": True}}, "reward.scorer_options.add.exact: the add scorer has no "
+         "option 'exact'; its options: binary"),
+    ],
+)  # fmt: skip
+def test_scorer_options_the_scorers_lack_are_config_errors_when_the_reward_is_built(
+    options, message
+):
+    from lmrl.models.tiny import build_tokenizer
+    from lmrl.workers.reward import build_reward
+
+    cfg = load_config(None, [*BASE, "reward.num_workers=0"])
+    cfg.reward.scorer_options = options
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build_reward(cfg, build_tokenizer())
 
 
 def test_config_from_a_dict_in_verls_layout():

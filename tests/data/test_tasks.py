@@ -34,10 +34,12 @@ def contents(split_rows):
 
 
 def test_task_names_and_unknown_task(tmp_path):
-    assert sorted(TASKS) == ["arithmetic", "countdown", "digits", "knights_knaves"]
+    assert sorted(TASKS) == [
+        "add", "arithmetic", "compare", "count", "countdown", "digits", "knights_knaves", "sort"
+    ]  # fmt: skip
     with pytest.raises(
         ValueError,
-        match="unknown task 'sudoku'; tasks: arithmetic, countdown, digits, knights_knaves",
+        match="unknown task 'sudoku'; tasks: add, arithmetic, compare, count, countdown",
     ):
         write_task("sudoku", tmp_path)
     with pytest.raises(ValueError, match="num_train"):
@@ -91,6 +93,89 @@ def test_digits_ground_truth(rows):
     for row in sorted_rows:
         digits = row["prompt"][0]["content"].removeprefix("sort ")
         assert row["reward_model"]["ground_truth"] == "".join(sorted(digits))
+
+
+# ---------------------------------------------------------------------------- small tasks
+def _answers_score_one(name, row):
+    truth = row["reward_model"]["ground_truth"]
+    out = default_compute_score(name, f"{truth}<|im_end|>", truth, row["extra_info"])
+    assert out == {"score": 1.0, "acc": 1.0}
+
+
+def test_count_ground_truth(rows):
+    counts = Counter()
+    for row in rows["count"]["train"] + rows["count"]["test"]:
+        digit, digits = re.fullmatch(r"count (\d) in (\d+)", row["prompt"][0]["content"]).groups()
+        assert 5 <= len(digits) <= 9 and row["extra_info"]["digit"] == digit
+        assert row["reward_model"]["ground_truth"] == str(digits.count(digit))
+        counts[digits.count(digit)] += 1
+        _answers_score_one("count", row)
+    assert set(counts) == {0, 1, 2, 3, 4}  # every count occurs, not mostly 0-1
+
+
+def test_sort_ground_truth(rows):
+    for row in rows["sort"]["train"] + rows["sort"]["test"]:
+        letters = row["prompt"][0]["content"].removeprefix("sort ")
+        assert 3 <= len(letters) <= 6 and letters.isalpha() and letters.islower()
+        assert row["reward_model"]["ground_truth"] == "".join(sorted(letters))
+        _answers_score_one("sort", row)
+
+
+def column_carries(a: str, b: str) -> int:
+    """Carries of ``a + b`` done column by column on the digit strings (this test's own)."""
+    carry = total = 0
+    for x, y in zip(a.zfill(4)[::-1], b.zfill(4)[::-1], strict=True):
+        carry = (int(x) + int(y) + carry) // 10
+        total += carry
+    return total
+
+
+def test_add_ground_truth_and_carries(rows):
+    carried = 0
+    for row in rows["add"]["train"] + rows["add"]["test"]:
+        a, b = re.fullmatch(r"([1-9]\d?)\+([1-9]\d?)", row["prompt"][0]["content"]).groups()
+        assert row["reward_model"]["ground_truth"] == str(int(a) + int(b))
+        assert row["extra_info"]["carries"] == column_carries(a, b)
+        carried += column_carries(a, b) > 0
+        _answers_score_one("add", row)
+    assert 0.5 < carried / (SIZES["num_train"] + SIZES["num_test"]) < 0.9
+    for row in generate_rows("add", num_train=30, num_test=0, seed=2, min_carries=2)["train"]:
+        a, b = row["prompt"][0]["content"].split("+")
+        assert column_carries(a, b) == 2
+
+
+def test_add_carry_count():
+    from lmrl.data.small_tasks import _carries
+
+    pairs = ((47, 85), (15, 14), (999, 1), (50, 50), (95, 5))
+    assert [_carries(*p) for p in pairs] == [column_carries(str(a), str(b)) for a, b in pairs]
+    assert [_carries(*p) for p in pairs] == [2, 0, 3, 1, 2]
+
+
+def test_compare_ground_truth(rows):
+    for row in rows["compare"]["train"] + rows["compare"]["test"]:
+        numbers = row["prompt"][0]["content"].removeprefix("max ").split(" ")
+        assert len(numbers) == 3 and len(set(numbers)) == 3
+        assert all(n.isdigit() and len(n) <= 2 and str(int(n)) == n for n in numbers)
+        assert row["reward_model"]["ground_truth"] == str(max(map(int, numbers)))
+        assert row["extra_info"]["numbers"] == numbers
+        _answers_score_one("compare", row)
+
+
+@pytest.mark.parametrize(
+    "name, options, match",
+    [
+        ("count", {"min_len": 0}, "count: need 1 <= min_len"),
+        ("sort", {"min_len": 4, "max_len": 3}, "sort: need 1 <= min_len"),
+        ("add", {"min_digits": 0}, "add: need 1 <= min_digits"),
+        ("add", {"min_carries": 3}, "add: need 0 <= min_carries <= max_digits"),
+        ("compare", {"min_count": 1}, "compare: need 2 <= min_count"),
+        ("compare", {"max_digits": 0}, "compare: need max_digits >= 1"),
+    ],
+)
+def test_small_task_bad_options(name, options, match):
+    with pytest.raises(DataError, match=match):
+        generate_rows(name, num_train=1, num_test=0, **options)
 
 
 # ---------------------------------------------------------------------------- arithmetic
@@ -278,7 +363,7 @@ def test_lmrl_tasks_command(tmp_path, capsys):
     )
     assert (out / "train.parquet").is_file() and (out / "test.parquet").is_file()
     assert cli_main(["tasks", "sudoku", "--out", str(out)]) == 2
-    assert "tasks: arithmetic, countdown" in capsys.readouterr().err
+    assert "tasks: add, arithmetic, compare" in capsys.readouterr().err
 
 
 def test_write_task_into_a_file_is_refused_and_leaves_it(tmp_path):

@@ -15,6 +15,7 @@ from lmrl.rewards.scorers import (
     gsm8k,
     knights_knaves,
     math_boxed,
+    small_tasks,
 )
 
 BIG = 100_000  # characters in the "100 kB completion" cases
@@ -47,6 +48,54 @@ def test_digits_long_completion_is_penalised_by_its_length():
     out = digits.compute_score("3" * BIG, "31284")
     assert out["score"] == pytest.approx(1 / BIG)  # one position right out of 100k
     assert out["acc"] == 0.0
+
+
+def test_digits_binary_scores_the_exact_match_only():
+    assert digits.compute_score("31280", "31284", binary=True) == {"score": 0.0, "acc": 0.0}
+    assert digits.compute_score("31284<|im_end|>", "31284", binary=True)["score"] == 1.0
+
+
+# ---------------------------------------------------------------------------- small tasks
+@pytest.mark.parametrize(
+    ("name", "response", "truth", "extra", "score"),
+    [
+        ("count", "3<|im_end|>", "3", None, 1.0),
+        ("count", " 3\n", "3", None, 1.0),
+        ("count", "4", "3", None, 0.1),  # another number: the format's 0.1
+        ("count", "03", "3", None, 0.1),
+        ("count", "three", "3", None, 0.0),
+        ("count", "3 4", "3", None, 0.0),
+        ("count", "", "0", None, 0.0),
+        ("sort", "abdf", "abdf", None, 1.0),
+        ("sort", "abfd", "abdf", None, 0.5),  # 2 of 4 positions
+        ("sort", "abd", "abdf", None, 0.75),  # one short
+        ("sort", "abdff", "abdf", None, 0.8),  # one extra: 4 / 5
+        ("add", "132", "132", None, 1.0),
+        ("add", "122", "132", None, 2 / 3),  # one wrong carry, units and hundreds right
+        ("add", "32", "132", None, 2 / 3),  # the carry out dropped: aligned from the right
+        ("add", "1320", "132", None, 0.0),  # shifted left: nothing lines up
+        ("add", "", "132", None, 0.0),
+        ("compare", "81", "81", {"numbers": ["47", "5", "81"]}, 1.0),
+        ("compare", "47", "81", {"numbers": ["47", "5", "81"]}, 0.25),  # second of 3
+        ("compare", "5", "81", {"numbers": ["47", "5", "81"]}, 0.0),  # the smallest
+        ("compare", "05", "81", {"numbers": ["47", "5", "81"]}, 0.0),  # not as listed
+        ("compare", "99", "81", {"numbers": ["47", "5", "81"]}, 0.0),  # not listed
+        ("compare", "47", "81", None, 0.0),  # no list: only the exact answer earns
+    ],
+)
+def test_small_task_partial_credit(name, response, truth, extra, score):
+    out = default_compute_score(name, response, truth, extra)
+    assert out["score"] == pytest.approx(score)
+    assert out["acc"] == float(score == 1.0)
+    binary = SCORERS[name](response, truth, extra, binary=True)
+    assert binary == {"score": out["acc"], "acc": out["acc"]}
+
+
+def test_positional_credit_alignment():
+    assert small_tasks.positional_credit("", "") == 1.0
+    assert small_tasks.positional_credit("12", "123") == pytest.approx(2 / 3)
+    assert small_tasks.positional_credit("23", "123", from_right=True) == pytest.approx(2 / 3)
+    assert small_tasks.positional_credit("9" * BIG, "123", from_right=True) == pytest.approx(0)
 
 
 # ---------------------------------------------------------------------------- gsm8k / arithmetic
@@ -228,7 +277,8 @@ def test_dispatch_by_data_source_and_aliases():
     assert default_compute_score("digits", "12", "12")["acc"] == 1.0
     with pytest.raises(ValueError, match=r"valid names: .*countdown"):
         default_compute_score("nope", "x", "y")
-    for name in ("gsm8k", "arithmetic", "math", "countdown", "knights_knaves", "digits"):
+    names = ("gsm8k", "arithmetic", "math", "countdown", "knights_knaves", "digits", "count")
+    for name in (*names, "sort", "add", "compare"):
         assert name in SCORERS
 
 
@@ -238,3 +288,6 @@ def test_builtin_scorer_options():
     assert flexible("arithmetic", "it is 3", "3")["score"] == 0.0  # options are per name
     with pytest.raises(ValueError, match="unknown data_source 'gsm9k'"):
         BuiltinScorer({"gsm9k": {}})
+    binary = BuiltinScorer({"sort": {"binary": True}})
+    assert binary("sort", "abfd", "abdf")["score"] == 0.0
+    assert binary("digits", "31280", "31284")["score"] == pytest.approx(0.8)

@@ -30,7 +30,7 @@ def test_entropy_collapse_with_a_flat_score_is_said_once_but_not_when_the_score_
     flat = [{"actor/entropy": float(e), "critic/score/mean": 0.55 + 0.01 * (i % 2)}
             for i, e in enumerate(entropy)]  # fmt: skip
     said = _feed(RunHealth(vocab_size=259), flat)
-    assert len(said) == 1 and "sharpening" in said[0] and "clip_ratio_high=0.28" in said[0]
+    assert len(said) == 1 and "sharpening" in said[0] and "rollout.temperature=0.7" in said[0]
     rising = [{"actor/entropy": float(e), "critic/score/mean": 0.1 + 0.04 * i}
               for i, e in enumerate(entropy)]  # fmt: skip
     assert _feed(RunHealth(vocab_size=259), rising) == []
@@ -80,3 +80,19 @@ def test_flat_validation_while_the_train_score_rises_is_said_once():
     improving = [{"critic/score/mean": 0.5 + 0.02 * i, "val/digits/acc": 0.3 + 0.03 * i}
                  for i in range(20)]  # fmt: skip
     assert _feed(RunHealth(None), improving) == []
+
+
+def test_samples_far_below_the_validation_before_training_are_said_once():
+    # the sort task's shape (docs/learning.md): sampled partial credit 0.35, greedy 0.73
+    health = RunHealth(None)
+    health.baseline({"val/sort/reward/mean": 0.73, "val/sort/acc": 0.31, "val/sort/mean@1": 0.7})
+    said = _feed(health, [{"critic/score/mean": 0.35}] * 8)
+    assert (
+        len(said) == 1
+        and "(0.350) is far below the validation score before training (0.730)" in said[0]
+    )
+    assert "rollout.temperature=0.7" in said[0]
+    close = RunHealth(None)
+    close.baseline({"val/digits/reward/mean": 0.75})
+    assert _feed(close, [{"critic/score/mean": 0.55}] * 8) == []  # the demo's: 0.73 of it
+    assert _feed(RunHealth(None), [{"critic/score/mean": 0.05}] * 8) == []  # no baseline

@@ -67,6 +67,23 @@ def test_the_update_does_not_depend_on_the_micro_batch_size(
             torch.testing.assert_close(metrics[i][key], metrics[0][key], rtol=1e-6, atol=1e-9)
 
 
+def test_the_entropy_metric_is_per_token_whatever_the_aggregation(
+    tiny_dir, batch_factory, with_log_probs, actor_factory
+):
+    # the loss term under seq-mean-token-sum-norm sums over sequences (Dr.GRPO's constant
+    # divisor); the metric stays the token mean, so 2 modes x 2 micro sizes agree
+    values = []
+    for mode in ("token-mean", "seq-mean-token-sum-norm", "seq-mean-token-mean"):
+        for micro in (None, 1):
+            worker = actor_factory(
+                _policy(tiny_dir), loss_agg_mode=mode, ppo_micro_batch_size=micro
+            )
+            batch = with_log_probs(batch_factory(), worker)
+            values.append(float(worker.update_policy(batch)["actor/entropy"]))
+    assert max(values) - min(values) < 1e-9
+    assert 0 < values[0] < 6  # nats per token, below log(259)
+
+
 # ------------------------------------------------------------------ old log-probs flag
 
 

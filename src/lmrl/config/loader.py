@@ -372,9 +372,8 @@ def _build(
             if path not in spec:
                 holder = _mapping_holder(path, kind.root)
                 if holder is not None:  # reward_kwargs.scale=2: one item of a mapping key
-                    item = dict(_get(cfg, holder))
-                    item[path[len(holder) + 1 :]] = tr.value
-                    _set(cfg, holder, item)
+                    _set(cfg, holder, _with_item(_get(cfg, holder), path[len(holder) + 1 :],
+                                                 tr.value))  # fmt: skip
                     continue
                 errors.append(_unknown_key(entry, path, kind) + where)
                 continue
@@ -412,6 +411,18 @@ def _build(
             seen[path] = written[path] = (entry, value)
             _set(cfg, path, value)
     return cfg
+
+
+def _with_item(mapping: Mapping, key: str, value: Any) -> dict:
+    """A copy of ``mapping`` with ``key`` set; a dotted key (``add.binary``) nests."""
+    out = dict(mapping)
+    head, _, rest = key.partition(".")
+    if rest:
+        inner = out.get(head)
+        out[head] = _with_item(inner if isinstance(inner, Mapping) else {}, rest, value)
+    else:
+        out[head] = value
+    return out
 
 
 def _mapping_holder(path: str, root: type) -> str | None:

@@ -257,6 +257,11 @@ class RewardConfig:
         "only warn. > 1 = never stop.",
     )
     overlong_buffer: OverlongBufferConfig = opt(OverlongBufferConfig(), "DAPO overlong penalty.")
+    scorer_options: dict[str, dict[str, Any]] = opt(
+        {},
+        "Options of the built-in scorers per data_source, e.g. {digits: {binary: true}} "
+        "(exact match instead of partial credit) or {gsm8k: {method: flexible}}.",
+    )
 
 
 @dataclass

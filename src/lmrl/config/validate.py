@@ -480,6 +480,7 @@ class _Checks:
                 self.errors.append(
                     f"reward.overlong_buffer.penalty_factor={ob.penalty_factor} must be >= 0"
                 )
+        self._scorer_options(c)
         corr = c.rollout.correction
         if corr.threshold <= 0:
             self.errors.append(f"rollout.correction.threshold={corr.threshold} must be > 0")
@@ -501,6 +502,24 @@ class _Checks:
                 f"resources (nnodes * n_gpus_per_node = {placed}) place Ray workers only; "
                 "trainer.backend=local runs in one process on one device"
             )
+
+    def _scorer_options(self, c: Config) -> None:
+        """``reward.scorer_options``: mappings, and only beside the built-in scorers (their
+        names and options are checked where the scorers live, when the reward is built)."""
+        options = c.reward.scorer_options or {}
+        if options and c.reward.custom_reward_function.path:
+            self.errors.append(
+                "reward.scorer_options set the built-in scorers' options, but "
+                "reward.custom_reward_function.path replaces them; pass options to your "
+                "function with reward.custom_reward_function.reward_kwargs"
+            )
+            return
+        for source, kwargs in options.items():
+            if not isinstance(kwargs, dict):
+                self.errors.append(
+                    f"reward.scorer_options.{source} must be a mapping of options, e.g. "
+                    f"{{binary: true}}, got {kwargs!r}"
+                )
 
     def _vllm(self, c: Config) -> None:
         """``rollout.name=vllm``: vLLM importable here, and settings it can run."""

@@ -4,9 +4,9 @@
 ``random.Random``; `write_task` writes ``train.parquet`` and ``test.parquet`` with verl's
 columns::
 
-    data_source  "digits" | "arithmetic" | "countdown" | "knights_knaves" (the scorer's name)
+    data_source  the task's name (also its scorer's name)
     prompt       [{"role": "user", "content": ...}]
-    ability      "digits" | "math" | "logic"
+    ability      "digits" | "math" | "logic" | "counting" | "sorting" | "comparison"
     reward_model {"style": "rule", "ground_truth": ...}
     extra_info   {"split": "train" | "test", "index": i, ...task fields}
 
@@ -22,6 +22,8 @@ rather than a silent repeat.
   verl's preprocessed GSM8K.
 - ``countdown``: see ``lmrl.data.countdown``.
 - ``knights_knaves``: see ``lmrl.data.knights_knaves``.
+- ``count``, ``sort``, ``add``, ``compare``: small tasks for tiny models, see
+  ``lmrl.data.small_tasks``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmrl.data import countdown, knights_knaves
+from lmrl.data import countdown, knights_knaves, small_tasks
 from lmrl.errors import DataError
 
 Example = tuple[str, Any, dict[str, Any]]  # (prompt content, ground truth, extra_info fields)
@@ -197,6 +199,22 @@ TASKS: dict[str, TaskSpec] = {
         TaskSpec(
             "knights_knaves", knights_knaves.generate, "logic", 5_000, 256,
             "Logic-RL's Knights and Knaves puzzles, 2-8 people, unique solution",
+        ),
+        TaskSpec(
+            "count", small_tasks.generate_count, "counting", 10_000, 256,
+            "count 3 in 4373931 -> 3; 1 right, 0.1 any other number",
+        ),
+        TaskSpec(
+            "sort", small_tasks.generate_sort, "sorting", 10_000, 256,
+            "sort dbfa -> abdf (3-6 letters), partial credit per position",
+        ),
+        TaskSpec(
+            "add", small_tasks.generate_add, "math", 8_000, 256,
+            "47+85 -> 132 (numbers below 100), partial credit per digit",
+        ),
+        TaskSpec(
+            "compare", small_tasks.generate_compare, "comparison", 10_000, 256,
+            "max 47 5 81 -> 81 (3 numbers), partial credit by rank",
         ),
     )
 }  # fmt: skip

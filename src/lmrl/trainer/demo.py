@@ -25,8 +25,9 @@ Choices (``docs/demo.md`` has the runs behind them):
   (right for some lengths, wrong for one digit of another) that GRPO's partial credit does
   not repair, since it cannot build a circuit the warm start lacks.
 - GRPO: learning rate 3e-4 after a 10-step linear warmup (the fragile warm-started model
-  does not survive higher rates, or no warmup); partial-credit reward (the ``digits``
-  scorer); no KL term (no reference forward); one optimizer step per batch (the old
+  does not survive higher rates, or no warmup); sampling temperature 0.7 (at 1.0 the warm
+  start's samples score far below its greedy answers, and seed 2 stalled at 0.70; see
+  ``docs/learning.md``); partial-credit reward (the ``digits`` scorer); no KL term (no reference forward); one optimizer step per batch (the old
   log-probs are the update's own forward); no gradient checkpointing; in-process scoring;
   one checkpoint at the end. It stops once validation accuracy (every ``test_freq`` steps)
   reaches ``target_acc``, since more steps only cost time; ``rl_steps`` is the cap.
@@ -94,23 +95,57 @@ def write_demo_data(
         ``num_train`` SFT examples of ``SFT_LENGTHS`` digits, none of them a validation prompt
         (see the module docstring).
     """
+    return write_task_data(
+        TASK, out_dir, seed, num_train, num_val, prompt_format, warm_start_options(TASK)
+    )
+
+
+def warm_start_options(task: str) -> dict[str, Any]:
+    """The generator options of a task's SFT examples: ``digits`` gets numbers of
+    ``SFT_LENGTHS`` digits (see the module docstring), other tasks their own defaults."""
+    if task == "digits":
+        return {"min_len": SFT_LENGTHS[0], "max_len": SFT_LENGTHS[1]}
+    return {}
+
+
+def write_task_data(
+    task: str,
+    out_dir: Path,
+    seed: int,
+    num_train: int,
+    num_val: int,
+    prompt_format: str | None = None,
+    sft_options: dict[str, Any] | None = None,
+) -> dict[str, Path]:
+    """A built-in task's RL splits and a warm-start set for SFT.
+
+    Args:
+        task: a key of ``lmrl.data.TASKS``.
+        out_dir: where ``train.parquet``, ``test.parquet`` and ``sft.parquet`` go.
+        seed: the RL splits' seed; the warm start's examples use ``seed + 1``.
+        num_train, num_val: RL's training and validation sizes; SFT gets ``num_train`` too.
+        prompt_format: see ``lmrl.data.tasks.generate_rows``.
+        sft_options: the generator's options for the warm start only (e.g. more lengths).
+
+    Returns:
+        ``{"train", "test", "sft"}``; no SFT example is a validation prompt.
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from lmrl.data.tasks import generate_rows, write_task
 
     paths = write_task(
-        TASK, out_dir, seed=seed, num_train=num_train, num_test=num_val,
+        task, out_dir, seed=seed, num_train=num_train, num_test=num_val,
         prompt_format=prompt_format,
     )  # fmt: skip
     held_out = {_key(row) for row in pq.read_table(paths["test"]).to_pylist()}
-    low, high = SFT_LENGTHS
     rows = generate_rows(
-        TASK, num_train=num_train + num_val, num_test=0, seed=seed + 1,
-        prompt_format=prompt_format, min_len=low, max_len=high,
+        task, num_train=num_train + num_val, num_test=0, seed=seed + 1,
+        prompt_format=prompt_format, **(sft_options or {}),
     )["train"]  # fmt: skip
     rows = [row for row in rows if _key(row) not in held_out][:num_train]
-    paths["sft"] = out_dir / "sft.parquet"
+    paths["sft"] = Path(out_dir) / "sft.parquet"
     pq.write_table(pa.Table.from_pylist(rows), paths["sft"])
     return paths
 
@@ -121,6 +156,8 @@ def _key(row: dict[str, Any]) -> str:
 
 class GreedyAccuracy:
     """Exact-match accuracy of greedy answers to the validation prompts, for any model.
+
+    Each answer is scored by the built-in scorer of its row's ``data_source`` (its ``acc``).
 
     Args:
         model: the causal LM (evaluated in place, its train/eval mode restored).
@@ -134,10 +171,10 @@ class GreedyAccuracy:
         self, model, tokenizer, val_file: Path, max_new_tokens: int, max_prompt_length: int
     ) -> None:
         from lmrl.data import RLDataset
-        from lmrl.rewards.scorers.digits import compute_score
+        from lmrl.rewards.scorers import default_compute_score
         from lmrl.rollout import SamplingParams, build_engine
 
-        self.model, self.tokenizer, self.score = model, tokenizer, compute_score
+        self.model, self.tokenizer, self.score = model, tokenizer, default_compute_score
         self.data = RLDataset(val_file, tokenizer, max_prompt_length=max_prompt_length)
         self.prompts = self.data.get_batch(list(range(len(self.data))))
         self.engine = build_engine("hf", model, tokenizer)
@@ -153,11 +190,12 @@ class GreedyAccuracy:
         finally:
             self.model.train(training)
         right = 0.0
-        for ids, mask, truth in zip(
-            out["responses"], out["response_mask"], out["ground_truth"], strict=True
-        ):
+        for ids, mask, source, truth, extra in zip(
+            out["responses"], out["response_mask"], out["data_source"], out["ground_truth"],
+            out["extra_info"], strict=True,
+        ):  # fmt: skip
             text = self.tokenizer.decode(ids[mask], skip_special_tokens=False)
-            right += self.score(text, truth)["acc"]
+            right += self.score(source, text, truth, extra)["acc"]
         return right / len(out["responses"])
 
 
@@ -262,11 +300,15 @@ def run_rl(
     console: bool,
     warmup_steps: int = 0,
     overrides: Sequence[str] = (),
+    task: str = TASK,
+    save: bool = True,
 ) -> dict[str, Any]:
     """GRPO from ``model_dir`` until validation accuracy reaches ``target_acc`` or ``steps``.
 
     Validation runs before the first step, every ``test_freq`` steps and after the last; the
-    checkpoint is written once, at the end. ``overrides`` are extra ``lmrl train`` keys.
+    checkpoint is written once, at the end (unless ``save`` is false). ``overrides`` are extra
+    ``lmrl train`` keys (another estimator, a KL, ...); ``task`` names the data source whose
+    ``val/<task>/acc`` is the accuracy.
 
     Returns:
         ``{"dir", "checkpoint", "steps", "acc_before", "acc", "seconds", "history"}``.
@@ -300,36 +342,38 @@ def run_rl(
             "trainer.device=cpu",
             f"trainer.seed={seed}",
             "trainer.project_name=lmrl-demo",
-            "trainer.experiment_name=digits-grpo",
+            f"trainer.experiment_name={task}-grpo",
             *overrides,
         ],
     )
     start = time.perf_counter()
     trainer = Trainer(build_run(cfg), cfg.trainer)
+    acc_key, checkpoint = f"val/{task}/acc", None
     history: list[dict[str, float]] = []
     try:
         trainer.start()
         before = trainer.validate()
         trainer.log_metrics(before, step=0)
-        acc = before[ACC_KEY]
+        acc = before[acc_key]
         while trainer.global_step < trainer.total_steps:
             metrics = trainer.step()
             step = trainer.global_step
             if step % test_freq == 0 or step == trainer.total_steps:
                 metrics |= trainer.validate()
-                acc = metrics[ACC_KEY]
+                acc = metrics[acc_key]
             history.append(metrics)
             trainer.log_metrics(metrics, step=step)
-            if ACC_KEY in metrics and acc >= target_acc:
+            if acc_key in metrics and acc >= target_acc:
                 break
-        checkpoint = trainer.save_checkpoint()
+        if save:
+            checkpoint = trainer.save_checkpoint()
     finally:
         trainer.close()
     return {
         "dir": trainer.run_dir,
         "checkpoint": checkpoint,
         "steps": trainer.global_step,
-        "acc_before": before[ACC_KEY],
+        "acc_before": before[acc_key],
         "acc": acc,
         "seconds": time.perf_counter() - start,
         "history": history,
@@ -347,6 +391,7 @@ def run_demo(
     rl_steps: int = 250,
     rl_lr: float = 3e-4,
     rl_warmup_steps: int = 10,
+    rl_temperature: float = 0.7,
     target_acc: float = 0.95,
     test_freq: int = 5,
     num_train: int = 10_000,
@@ -369,6 +414,7 @@ def run_demo(
         rl_steps: GRPO's cap on steps.
         rl_lr: GRPO's peak learning rate (constant after the warmup).
         rl_warmup_steps: GRPO's linear learning-rate warmup.
+        rl_temperature: GRPO's sampling temperature (validation is greedy).
         target_acc: GRPO stops once validation accuracy reaches this.
         test_freq: validate every this many GRPO steps.
         num_train, num_val: task sizes (every validation prompt is validated on).
@@ -410,7 +456,7 @@ def run_demo(
         sft["model"], data, out / "rl", seed=seed, steps=rl_steps, lr=rl_lr,
         prompts_per_step=prompts, n=n, max_response_length=response, test_freq=test_freq,
         target_acc=target_acc, console=console, warmup_steps=rl_warmup_steps,
-        overrides=rl_overrides,
+        overrides=[f"rollout.temperature={rl_temperature}", *rl_overrides],
     )  # fmt: skip
     from lmrl.logging.plot import plot_run
 
@@ -455,4 +501,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["GreedyAccuracy", "format_summary", "run_demo", "run_rl", "run_sft"]
+__all__ = [
+    "GreedyAccuracy",
+    "format_summary",
+    "run_demo",
+    "run_rl",
+    "run_sft",
+    "warm_start_options",
+    "write_task_data",
+]

@@ -5,7 +5,8 @@ policy's entropy collapses while the score stays flat (it sharpens onto what it 
 does), most prompt groups score all alike (their GRPO advantages are 0 and they teach
 nothing), the policy starts from a near-uniform model (nothing to reinforce), or a warm start's
 loss does not drop, or validation stays flat while the train score keeps rising (the policy
-polishes partial credit). `RunHealth` watches the RL metrics step by step and `SFTHealth` the SFT
+polishes partial credit), or the policy's samples score far below its validation answers (RL
+will spend its first steps sharpening toward what greedy decoding already does). `RunHealth` watches the RL metrics step by step and `SFTHealth` the SFT
 loss; each returns the warnings that became true at this step, and never the same one twice.
 
 The thresholds are deliberately loose: a warning is a hint to look at the plot
@@ -43,6 +44,17 @@ class RunHealth:
         self.recent_spread: deque[float] = deque(maxlen=window)
         self.validations: list[tuple[float, float]] = []  # (train score, validation score)
         self.steps = 0
+        self.val_reward_before: float | None = None
+
+    def baseline(self, val_metrics: Mapping[str, float]) -> None:
+        """The validation before the first step (``val/<source>/reward/mean``): what the
+        first steps' train scores are compared with."""
+        rewards = [
+            v
+            for k, v in val_metrics.items()
+            if k.startswith("val/") and k.endswith("/reward/mean") and math.isfinite(v)
+        ]
+        self.val_reward_before = sum(rewards) / len(rewards) if rewards else None
 
     def check(self, metrics: Mapping[str, float]) -> list[str]:
         """The warnings that hold after this step's ``metrics`` and were not said before."""
@@ -53,6 +65,8 @@ class RunHealth:
         if score is not None and math.isfinite(score):
             if len(self.first_scores) < self.window:
                 self.first_scores.append(score)
+                if len(self.first_scores) == self.window:
+                    out += self._sampling_gap()
             self.recent_scores.append(score)
         if entropy is not None and math.isfinite(entropy):
             if self.first_entropy is None:
@@ -88,6 +102,23 @@ class RunHealth:
             "improves what it already gets partly right, not what validation counts. Look at "
             "the reward (partial credit can pay most of the score for a wrong answer), a "
             "larger rollout.n, and the model's size (docs/learning.md)",
+        )
+
+    def _sampling_gap(self, ratio: float = 0.6, gap: float = 0.1) -> list[str]:
+        """The first steps' train score far below the validation before training."""
+        val = self.val_reward_before
+        if val is None or val <= 0:
+            return []
+        train = sum(self.first_scores) / len(self.first_scores)
+        if train >= ratio * val or val - train < gap:
+            return []
+        return self._say(
+            "sampling_gap",
+            f"the first {self.window} steps' mean train score ({train:.3f}) is far below the "
+            f"validation score before training ({val:.3f}): the policy's samples are much "
+            "worse than its validation (greedy) answers, so RL will first sharpen toward what "
+            "greedy decoding already does and greedy validation will not move meanwhile. Try "
+            "rollout.temperature=0.7, or a longer warm start (docs/learning.md)",
         )
 
     def _say(self, key: str, text: str) -> list[str]:
@@ -126,10 +157,10 @@ class RunHealth:
             "collapse",
             f"the policy's entropy fell from {start:.2f} to {entropy:.2f} nats in "
             f"{self.steps} steps while the mean score stayed at {before:.3f} -> {now:.3f}: it "
-            "is sharpening onto what it already does, not learning. Try a lower "
-            "actor.optim.lr, actor.clip_ratio_high=0.28 (DAPO's clip-higher), a small "
-            "actor.entropy_coeff, a higher rollout.temperature, or "
-            "algorithm.filter_groups.enable=true",
+            "is sharpening onto what it already does, not learning. Try rollout.temperature="
+            "0.7 with a lower actor.optim.lr (1e-4 for a tiny model), a larger rollout.n, or a "
+            "KL to the warm start (actor.use_kl_loss=true); clip-higher acts only with several "
+            "updates per batch (docs/learning.md)",
         )
 
     def _zero_spread(self) -> list[str]:

@@ -189,7 +189,9 @@ class Trainer:
             self.start()
             with StopOnSignal() as stop:
                 if t.val_before_train and self.global_step == 0 and p.val_data is not None:
-                    self.log_metrics(self.validate(), step=0)
+                    before = self.validate()
+                    self.health.baseline(before)
+                    self.log_metrics(before, step=0)
                 while self.global_step < self.total_steps and not stop.requested:
                     metrics = self.step()
                     step = self.global_step

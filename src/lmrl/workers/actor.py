@@ -252,7 +252,15 @@ class ActorWorker(TrainableWorker):
         # per-token fractions are weighted by the micro-batch's share of the tokens.
         share = masked_count(mask) / norm.token_count.clamp(min=1)
         stats["actor/pg_loss"] = stats["actor/pg_loss"] + pg_loss.detach()
-        stats["actor/entropy"] = stats["actor/entropy"] + entropy_loss.detach()
+        # the entropy metric is per token whatever loss_agg_mode is (verl logs the loss term,
+        # which under seq-mean-token-sum-norm scales with the batch: not comparable, and it
+        # would read as a near-uniform policy to the run-health checks)
+        token_mean = (
+            entropy_loss
+            if cfg.loss_agg_mode == "token-mean"
+            else agg_loss(entropy.detach(), mask, "token-mean", norm)
+        )
+        stats["actor/entropy"] = stats["actor/entropy"] + token_mean.detach()
         for name, value in pg_metrics.items():
             stats[f"actor/{name}"] = stats[f"actor/{name}"] + share * value
 

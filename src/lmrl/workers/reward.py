@@ -16,10 +16,11 @@ import numpy as np
 import torch
 
 from lmrl.batch import Batch
-from lmrl.config import Config
+from lmrl.config import Config, ConfigError
 from lmrl.models.reward_model import RewardModel
 from lmrl.rewards import load_reward_fn, make_reward_manager
 from lmrl.rewards.managers import RewardResult
+from lmrl.rewards.scorers import scorer_option_errors
 
 __all__ = ["RewardWorker", "build_reward"]
 
@@ -98,6 +99,9 @@ def build_reward(cfg: Config, tokenizer, device=None):
 
 def _rule_manager(cfg: Config, tokenizer):
     r = cfg.reward
+    problems = scorer_option_errors(r.scorer_options or {})
+    if problems:
+        raise ConfigError(problems)
     custom = r.custom_reward_function
     reward_fns = (
         load_reward_fn(custom.path, custom.name, kwargs=custom.reward_kwargs)
@@ -113,5 +117,6 @@ def _rule_manager(cfg: Config, tokenizer):
     return make_reward_manager(
         r.manager, tokenizer, reward_fns=reward_fns, num_workers=r.num_workers,
         timeout_s=r.timeout_s, reward_fn_key=cfg.data.reward_fn_key,
-        max_error_fraction=r.max_error_fraction, **options,
+        max_error_fraction=r.max_error_fraction, scorer_options=r.scorer_options or None,
+        **options,
     )  # fmt: skip

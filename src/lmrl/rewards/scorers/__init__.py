@@ -23,7 +23,14 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from lmrl.rewards.scorers import countdown, digits, gsm8k, knights_knaves, math_boxed
+from lmrl.rewards.scorers import (
+    countdown,
+    digits,
+    gsm8k,
+    knights_knaves,
+    math_boxed,
+    small_tasks,
+)
 
 Scorer = Callable[..., float | dict]
 
@@ -42,6 +49,10 @@ _NAMES: tuple[tuple[tuple[str, ...], Scorer], ...] = (
     (("countdown",), countdown.compute_score),
     (("knights_knaves", "kk_logic"), knights_knaves.compute_score),
     (("digits",), digits.compute_score),
+    (("count",), small_tasks.count_score),
+    (("sort",), small_tasks.sort_score),
+    (("add",), small_tasks.add_score),
+    (("compare",), small_tasks.compare_score),
 )
 SCORERS: Mapping[str, Scorer] = MappingProxyType(
     {name: fn for names, fn in _NAMES for name in names}
@@ -83,6 +94,31 @@ def default_compute_score(
     return _scorer_with_truth(data_source, ground_truth)(solution_str, ground_truth, extra_info)
 
 
+def scorer_option_errors(options: Mapping[str, Any]) -> list[str]:
+    """What is wrong with ``reward.scorer_options`` (``{data_source: {option: value}}``): a
+    data source no built-in scorer has, or an option its scorer does not take. Empty = fine.
+    """
+    import inspect
+
+    errors = []
+    for source, kwargs in options.items():
+        if source not in SCORERS:
+            errors.append(
+                f"reward.scorer_options.{source}: no built-in scorer has that data_source; "
+                f"valid names: {', '.join(sorted(SCORERS))}"
+            )
+            continue
+        fixed = ("solution_str", "ground_truth", "extra_info")
+        known = [p for p in inspect.signature(SCORERS[source]).parameters if p not in fixed]
+        errors += [
+            f"reward.scorer_options.{source}.{key}: the {source} scorer has no option "
+            f"{key!r}; its options: {', '.join(known) or 'none'}"
+            for key in (kwargs if isinstance(kwargs, Mapping) else {})
+            if key not in known
+        ]
+    return errors
+
+
 class BuiltinScorer:
     """`default_compute_score` with keyword options per data source.
 
@@ -109,4 +145,11 @@ class BuiltinScorer:
         return f"BuiltinScorer({self.options})"
 
 
-__all__ = ["SCORERS", "BuiltinScorer", "Scorer", "default_compute_score", "get_scorer"]
+__all__ = [
+    "SCORERS",
+    "BuiltinScorer",
+    "Scorer",
+    "default_compute_score",
+    "get_scorer",
+    "scorer_option_errors",
+]

@@ -14,7 +14,9 @@ from typing import Any
 from lmrl.rewards.scorers._text import cut_at_end_marker
 
 
-def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
+def compute_score(
+    solution_str: str, ground_truth: Any, extra_info: dict | None = None, binary: bool = False
+) -> dict:
     """Fraction of positions right, extra length penalised; plus exact-match ``acc``.
 
     ``score = #{i < min(n, m): pred[i] == answer[i]} / max(n, m)`` with ``n = len(pred)``,
@@ -24,6 +26,8 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None 
         solution_str: the decoded response, e.g. ``"31284<|im_end|>"``.
         ground_truth: the answer string, e.g. ``"31284"`` (an int is read as its decimal form).
         extra_info: unused.
+        binary: score the exact match alone (``reward.scorer_options: {digits: {binary:
+            true}}``).
 
     Returns:
         ``{"score": float in [0, 1], "acc": 1.0 or 0.0}``.
@@ -33,5 +37,6 @@ def compute_score(solution_str: str, ground_truth: Any, extra_info: dict | None 
     longest = max(len(pred), len(answer))
     if longest == 0:
         return {"score": 1.0, "acc": 1.0}
+    acc = float(pred == answer)
     matches = sum(a == b for a, b in zip(pred, answer, strict=False))
-    return {"score": matches / longest, "acc": float(pred == answer)}
+    return {"score": acc if binary else matches / longest, "acc": acc}
