@@ -6,8 +6,9 @@ does), most prompt groups score all alike (their GRPO advantages are 0 and they 
 nothing), the policy starts from a near-uniform model (nothing to reinforce), or a warm start's
 loss does not drop, or validation stays flat while the train score keeps rising (the policy
 polishes partial credit), or the policy's samples score far below its validation answers (RL
-will spend its first steps sharpening toward what greedy decoding already does). `RunHealth` watches the RL metrics step by step and `SFTHealth` the SFT
-loss; each returns the warnings that became true at this step, and never the same one twice.
+will spend its first steps sharpening toward what greedy decoding already does). `RunHealth`
+watches the RL metrics step by step and `SFTHealth` the SFT loss; each returns the warnings
+that became true at this step, and never the same one twice.
 
 The thresholds are deliberately loose: a warning is a hint to look at the plot
 (``lmrl plot RUN_DIR``), not a verdict.
