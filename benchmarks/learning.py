@@ -49,6 +49,10 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         "cooler sampling and a lower learning rate together",
     ),
     "n16": (["rollout.n=16"], "16 samples per prompt (twice the samples per step)"),
+    "n16_t07_lr1e-4": (
+        ["rollout.n=16", "rollout.temperature=0.7", "actor.optim.lr=1e-4"],
+        "the recipe with 16 samples per prompt",
+    ),
     "kl": (
         ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.01", "actor.kl_loss_type=low_var_kl"],
         "k3 KL to the warm start in the loss",
