@@ -50,12 +50,7 @@ class RunHealth:
     def baseline(self, val_metrics: Mapping[str, float]) -> None:
         """The validation before the first step (``val/<source>/reward/mean``): what the
         first steps' train scores are compared with."""
-        rewards = [
-            v
-            for k, v in val_metrics.items()
-            if k.startswith("val/") and k.endswith("/reward/mean") and math.isfinite(v)
-        ]
-        self.val_reward_before = sum(rewards) / len(rewards) if rewards else None
+        self.val_reward_before = _val_mean(val_metrics, "/reward/mean")
 
     def check(self, metrics: Mapping[str, float]) -> list[str]:
         """The warnings that hold after this step's ``metrics`` and were not said before."""
@@ -214,12 +209,16 @@ class SFTHealth:
         ]
 
 
+def _val_mean(metrics: Mapping[str, float], suffix: str) -> float | None:
+    """The mean over data sources of the finite ``val/<source><suffix>`` values, if any."""
+    values = [
+        v for k, v in metrics.items()
+        if k.startswith("val/") and k.endswith(suffix) and math.isfinite(v)
+    ]  # fmt: skip
+    return sum(values) / len(values) if values else None
+
+
 def _validation_score(metrics: Mapping[str, float]) -> float | None:
     """The mean over data sources of ``val/<source>/acc`` (else ``reward/mean``), if validated."""
-    accs = [v for k, v in metrics.items() if k.startswith("val/") and k.endswith("/acc")]
-    if not accs:
-        accs = [
-            v for k, v in metrics.items() if k.startswith("val/") and k.endswith("/reward/mean")
-        ]
-    accs = [v for v in accs if math.isfinite(v)]
-    return sum(accs) / len(accs) if accs else None
+    acc = _val_mean(metrics, "/acc")
+    return acc if acc is not None else _val_mean(metrics, "/reward/mean")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from lmrl.rewards.scorers._text import cut_at_end_marker
+from lmrl.rewards.scorers.small_tasks import positional_credit
 
 
 def compute_score(
@@ -38,5 +39,4 @@ def compute_score(
     if longest == 0:
         return {"score": 1.0, "acc": 1.0}
     acc = float(pred == answer)
-    matches = sum(a == b for a, b in zip(pred, answer, strict=False))
-    return {"score": acc if binary else matches / longest, "acc": acc}
+    return {"score": acc if binary else positional_credit(pred, answer), "acc": acc}
