@@ -82,3 +82,62 @@ def two_ray_nodes():
         deadline = time.monotonic() + 30
         while ray_processes(temp_dir) and time.monotonic() < deadline:
             time.sleep(0.3)
+
+
+def build_search_caller(out_dir):
+    """A tiny Qwen2 made into a bigram model that writes ``<search>x</search>`` (or the
+    malformed ``</search>``) over and over: every layer's output projections are zeroed, so
+    the hidden state is the current token's embedding, and the untied head maps a few byte
+    tokens to their successor in that text (``<`` to ``s`` or ``/`` with equal odds) and
+    every other token to ``<``. Tests of multi-turn runs need a policy that calls a tool
+    within a few tokens; a random one practically never writes a closing tag."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from lmrl.models.tiny import save_model, tiny_config
+
+    config = tiny_config("qwen2", "tiny")
+    config.tie_word_embeddings = False
+    out = save_model(config, out_dir, seed=0)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    nxt = {"<": "s/", "s": "e", "e": "a", "a": "r", "r": "c", "c": "h", "h": ">", ">": "x",
+           "x": "<", "/": "s"}  # fmt: skip
+    chars = list(nxt)
+    hidden = config.hidden_size
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb = model.model.embed_tokens.weight
+        emb.zero_()
+        emb[:, len(chars)] = 1.0  # "any other token"
+        for dim, ch in enumerate(chars):
+            emb[ord(ch)].zero_()
+            emb[ord(ch), dim] = 1.0
+        head = model.lm_head.weight
+        head.zero_()
+        for dim, ch in enumerate(chars):
+            for succ in nxt[ch]:
+                head[ord(succ), dim] = 2.0  # RMSNorm scales the one-hot to sqrt(hidden)
+        head[ord("<"), len(chars)] = 2.0
+        assert len(chars) < hidden
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def search_workspace(tmp_path_factory):
+    """``model/`` (`build_search_caller`) and the search_qa task (``data/``: 16 train and 4
+    test questions, ``corpus.parquet``), built once per session."""
+    from lmrl.data.tasks import write_task
+
+    root = tmp_path_factory.mktemp("search-workspace")
+    build_search_caller(root / "model")
+    write_task("search_qa", root / "data", seed=0, num_train=16, num_test=4)
+    return root
+
+
+@pytest.fixture(scope="session")
+def search_caller():
+    """`build_search_caller`, for tests that build the model where they need it."""
+    return build_search_caller

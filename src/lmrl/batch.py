@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-__all__ = ["Batch", "lengths_to_mask", "pad_2d"]
+__all__ = ["Batch", "last_true", "lengths_to_mask", "pad_2d", "response_tokens_mask"]
 
 Index = torch.Tensor | np.ndarray | Sequence[int] | slice | int
 
@@ -520,3 +520,25 @@ def lengths_to_mask(
     if side == "right":
         return positions[None, :] < lengths[:, None]
     return positions[None, :] >= (width - lengths)[:, None]
+
+
+def response_tokens_mask(batch: Any) -> torch.Tensor:
+    """bool (B, T): the real response tokens of a rollout batch, the ones the model reads.
+
+    That is ``attention_mask``'s last T columns when the batch has one, else
+    ``response_mask``. The two differ in a multi-turn rollout under state masking: tool
+    observations are read (here) but not trained (not in ``response_mask``).
+    """
+    width = batch["responses"].shape[1]
+    if "attention_mask" in batch:
+        return batch["attention_mask"][:, -width:].bool()
+    return batch["response_mask"].bool()
+
+
+def last_true(mask: torch.Tensor) -> torch.Tensor:
+    """(B,) long: the index of each row's last True of ``mask`` (B, T); 0 for an all-False
+    row. A prefix mask gives ``length - 1``; a multi-turn response mask gives the last
+    sampled token, past the last observation."""
+    mask = mask.bool()
+    idx = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask, idx, 0).amax(dim=1) if mask.shape[1] else mask.sum(dim=1)

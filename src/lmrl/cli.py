@@ -126,9 +126,18 @@ def _demo(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.task == "search":
+        from lmrl.trainer.demo_search import run_search_demo
+
+        out = args.out if args.out is not None else Path("lmrl-demo-search")
+        run_search_demo(out, seed=args.seed, fast=args.fast, search=not args.no_tool)
+        return 0
     from lmrl.trainer.demo import run_demo
 
-    run_demo(args.out, seed=args.seed, fast=args.fast)
+    if args.no_tool:
+        raise LmrlError("--no-tool is for --task search (the digits demo uses no tool)")
+    run_demo(args.out if args.out is not None else Path("lmrl-demo"), seed=args.seed,
+             fast=args.fast)  # fmt: skip
     return 0
 
 
@@ -218,8 +227,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo", help="tiny model, digits task, SFT warm start, then GRPO on the CPU (~1 min)"
     )
-    p.add_argument("--out", type=Path, default=Path("lmrl-demo"),
-                   help="directory of the whole demo, started fresh (default lmrl-demo)")  # fmt: skip
+    p.add_argument("--task", choices=["digits", "search"], default="digits",
+                   help="digits (reverse digits) or search (answer by searching a corpus, "
+                   "multi-turn with the search tool)")  # fmt: skip
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory of the whole demo, started fresh (default lmrl-demo, "
+                   "lmrl-demo-search for --task search)")  # fmt: skip
+    p.add_argument("--no-tool", action="store_true",
+                   help="--task search with the search tool off (the ablation: stays near "
+                   "chance)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the model, data and training")
     p.add_argument("--fast", action="store_true",
                    help="a smoke run in seconds: a tinier model and a few steps (learns nothing)")  # fmt: skip

@@ -34,3 +34,8 @@ class WorkerError(LmrlError):
 
 
 __all__ = ["CheckpointError", "DataError", "LmrlError", "ModelError", "RewardError", "WorkerError"]
+
+
+class ToolLoadError(LmrlError):
+    """A tool that cannot be made: an unknown name, a tool file that is missing or fails to
+    import, a retriever corpus that cannot be read (names the tool and the file)."""

@@ -243,7 +243,7 @@ def test_scorer_options_errors_name_the_key(override, message):
     "options, message",
     [
         ({"digitz": {"binary": True}}, "reward.scorer_options.digitz: no built-in scorer has "
-         "that data_source; valid names: DigitalLearningGmbH/MATH-lighteval"),
+         "that data_source; valid names: 2wikimultihopqa, DigitalLearningGmbH/MATH-lighteval"),
         ({"add": {"exact": True}}, "reward.scorer_options.add.exact: the add scorer has no "
          "option 'exact'; its options: binary"),
     ],

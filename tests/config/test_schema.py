@@ -56,7 +56,7 @@ def test_every_key_and_section_is_documented():
     spec = schema()
     tops = [p for p, s in spec.items() if s.section and "." not in p]
     want = ["data", "model", "rollout", "reward", "reward_model", "algorithm", "actor", "critic"]
-    want.append("ref")
+    want += ["ref", "retriever"]
     assert tops == [*want, "trainer", "resources"]
     for path, s in spec.items():
         assert len(s.help) > 5, f"{path} has no help text"

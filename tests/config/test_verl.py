@@ -384,7 +384,7 @@ def test_gpu_only_keys_give_one_notice_each_and_change_nothing():
     ("override", "message"),
     [
         ("reward_model.enable=True", "needs reward_model.model.path"),
-        ("actor_rollout_ref.rollout.multi_turn.enable=true", "multi-turn rollout"),
+        ("algorithm.no_think_rl=true", "no-think ablation"),
         ("algorithm.use_pf_ppo=true", "PF-PPO"),
         ("trainer.val_only=true", "lmrl eval"),
         ("algorithm.rollout_is=maybe", "expected true or false"),

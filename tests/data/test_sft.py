@@ -74,6 +74,26 @@ def test_prompt_response_layout_with_chat_and_string_prompts(tmp_path, tokenizer
     assert text_mask == [False] * 7 + [True, True]
 
 
+def test_mask_pattern_leaves_tool_observations_untrained(tmp_path, tokenizer):
+    """Multi-turn demonstrations: the observations are read as context, as RL's state masking
+    reads them; every other response token (and the end of turn / EOS) is trained."""
+    response = "<search>A</search>\n<information>obs</information>\n<answer>B</answer>"
+    rows = [
+        {"prompt": [{"role": "user", "content": "q"}], "response": response},
+        {"prompt": "Q:", "response": "<search>A</search><information>o</information>"},
+    ]
+    data = SFTDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer,
+                      mask_pattern=r"(?s)<information>.*?</information>")  # fmt: skip
+    (chat_ids, chat_mask), (text_ids, text_mask) = data.examples
+    prompt = chatml_prompt("q")
+    assert chat_ids == prompt + byte_ids(response) + [IM_END]  # the same tokens as unmasked
+    trained = [t for t, m in zip(chat_ids, chat_mask, strict=True) if m]
+    assert trained == [*byte_ids("<search>A</search>\n\n<answer>B</answer>"), IM_END]
+    trained = [t for t, m in zip(text_ids, text_mask, strict=True) if m]
+    assert trained == [*byte_ids("<search>A</search>"), tokenizer.eos_token_id]
+    assert text_ids[-1] == tokenizer.eos_token_id
+
+
 def test_messages_layout_trains_every_assistant_turn(tmp_path, tokenizer):
     chat = [
         {"role": "system", "content": "be brief"},

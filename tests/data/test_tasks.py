@@ -35,7 +35,8 @@ def contents(split_rows):
 
 def test_task_names_and_unknown_task(tmp_path):
     assert sorted(TASKS) == [
-        "add", "arithmetic", "compare", "count", "countdown", "digits", "knights_knaves", "sort"
+        "add", "arithmetic", "compare", "count", "countdown", "digits", "knights_knaves",
+        "search_qa", "sort",
     ]  # fmt: skip
     with pytest.raises(
         ValueError,
@@ -49,7 +50,7 @@ def test_task_names_and_unknown_task(tmp_path):
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_parquet_loads_back_through_lmrl_data(name, tmp_path, tok):
     paths = write_task(name, tmp_path / name, seed=5, num_train=12, num_test=4)
-    assert set(paths) == {"train", "test"}
+    assert set(paths) == ({"train", "test", "corpus"} if name == "search_qa" else {"train", "test"})
     train = RLDataset(paths["train"], tok)
     test = RLDataset(paths["test"], tok)
     assert (len(train), len(test)) == (12, 4)
@@ -380,3 +381,25 @@ def test_bad_task_arguments_are_data_errors():
     for kwargs in ({"name": "sudoku"}, {"name": "digits", "num_train": -1}):
         with pytest.raises(DataError):
             generate_rows(**kwargs)
+
+
+def test_search_qa_needs_its_corpus_and_holds_test_people_out(tmp_path):
+    """Every answer is in the corpus it writes, and no person asked about in test is asked
+    about in train (so answers learned by heart do not help on test)."""
+    import pyarrow.parquet as pq
+
+    paths = write_task("search_qa", tmp_path, seed=1, num_train=400, num_test=100, two_hop=0.5)
+    corpus = {r["title"]: r["text"] for r in pq.read_table(paths["corpus"]).to_pylist()}
+    people = {}
+    for split in ("train", "test"):
+        rows = pq.read_table(paths[split]).to_pylist()
+        people[split] = {r["extra_info"]["queries"][0] for r in rows}
+        for r in rows:
+            queries, facts = r["extra_info"]["queries"], r["extra_info"]["facts"]
+            assert len(queries) == r["extra_info"]["hops"]
+            for query, fact in zip(queries, facts, strict=True):
+                assert f"{query} lives in" in corpus[query] and fact in corpus[query]
+            assert r["reward_model"]["ground_truth"]["target"] == [facts[-1]]
+    assert not people["train"] & people["test"]
+    hops = [r["extra_info"]["hops"] for r in pq.read_table(paths["train"]).to_pylist()]
+    assert 0.35 < sum(h == 2 for h in hops) / len(hops) < 0.65

@@ -331,3 +331,11 @@ def test_split_calls_and_micro_batches_sample_what_one_call_samples(model, token
         prompts.index(slice(1, None)), n=3, sampling=sampling
     )  # the same prompts at another position draw differently
     assert not torch.equal(moved["responses"], tail["responses"])
+
+
+def test_no_seed_key_or_step_draws_a_degenerate_uniform():
+    """The avalanche hash maps 0 to 0; seed 0, row 0, step 0 once drew u = 2**-53 (the
+    first token of the first sample was always the lowest id with any probability)."""
+    for seed in (0, 1 << 32, 2**64 - 1):
+        u = torch.cat([Draws(seed, torch.arange(4096)).uniform(t) for t in range(4)], dim=1)
+        assert u.min() > 1e-6 and u.max() < 1 - 1e-6

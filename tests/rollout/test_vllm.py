@@ -137,6 +137,47 @@ def test_stop_strings_and_eos_end_the_mask_as_the_hf_engine_does(
     assert ours["response_mask"][row].sum() == 2
 
 
+def test_multi_turn_rollouts_over_vllm_equal_the_hf_session(engine, actor, tokenizer_small,
+                                                             prompts):  # fmt: skip
+    """The agent loop drives vLLM by re-sending each row's context every turn (the replay
+    session); greedy, it writes what the hf engine's KV-cache session writes."""
+    from lmrl.rollout.agent import AgentLoop, TagFormat
+    from lmrl.tools import ToolCall, function_tool
+
+    def lookup(query: str) -> str:
+        """Look up.
+
+        Args:
+            query: the text
+        """
+        return f"seen {len(query)}"
+
+    greedy = SamplingParams(do_sample=False, max_new_tokens=24)
+    free = engine.generate(prompts, n=1, sampling=greedy)
+    first = tokenizer_small.decode(free["responses"][0][:1])  # a turn ends at this text
+
+    class Every(TagFormat):
+        def stops(self, tools):
+            return [first]
+
+        def parse(self, text, tools):
+            return ToolCall("lookup", {"query": text})
+
+    engine.sync_weights()
+    tools = {"lookup": function_tool(lookup)}
+    ours = AgentLoop(engine, tools, tokenizer_small, max_turns=2, format=Every()).generate(
+        prompts, 1, greedy
+    )
+    want = AgentLoop(
+        HFEngine(actor, tokenizer_small), tools, tokenizer_small, max_turns=2, format=Every()
+    ).generate(prompts, 1, greedy)
+    assert ours["agent_tool_calls"].sum() >= 1
+    for key in ("responses", "response_mask", "attention_mask", "agent_tool_calls"):
+        assert torch.equal(ours[key], want[key]), key
+    torch.testing.assert_close(ours["rollout_log_probs"], want["rollout_log_probs"],
+                               atol=1e-4, rtol=0)  # fmt: skip
+
+
 def _train(tmp_path, small_dir, *extra: str) -> list[dict]:
     from lmrl.data.tasks import write_task
 

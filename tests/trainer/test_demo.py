@@ -98,3 +98,26 @@ def test_plain_string_prompts_of_the_task_writer():
     for bad in ("no placeholder", "{}{}", 3):
         with pytest.raises(ValueError, match="prompt_format"):
             generate_rows("digits", num_train=1, num_test=1, prompt_format=bad)
+
+
+def test_fast_search_demo_through_the_cli(tmp_path, capsys):
+    """``lmrl demo --task search --fast``: data, corpus, multi-turn demonstrations, SFT, GRPO
+    with the search tool, and the plot's tool-use panel, in seconds."""
+    out = tmp_path / "search"
+    assert cli_main(["demo", "--task", "search", "--fast", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "demo.json").read_text())
+    assert summary["search"] is True and summary["rl_steps"] == 2
+    assert summary["plot"] in printed and "search tool on" in printed
+    assert Path(summary["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # every demonstration is a real trajectory: the tool's own observation of its query
+    from lmrl.rollout.agent import TagFormat
+    from lmrl.tools import SearchTool
+
+    tool, fmt = SearchTool(out / "data" / "corpus.parquet", topk=1), TagFormat()
+    for row in pq.read_table(out / "data" / "sft.parquet").to_pylist():
+        query = row["response"].split("<search>")[1].split("</search>")[0]
+        assert fmt.observation(tool({"query": query})) in row["response"]
+    lines = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").open()]
+    assert all("agent/tool_calls/mean" in line for line in lines if line["step"] > 0)
+    assert cli_main(["demo", "--task", "digits", "--no-tool", "--out", str(tmp_path / "x")]) == 2

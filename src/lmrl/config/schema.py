@@ -150,6 +150,37 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Multi-turn rollouts with tools (Search-R1): the policy writes until a tool's closing
+    tag, the tool's answer is appended as an observation, and it goes on."""
+
+    enable: bool = opt(False, "Roll out in turns with tool calls (Search-R1's do_search).")
+    max_turns: int = opt(
+        4, "Most tool observations per sample; then one last turn in which calls are not run."
+    )
+    tools: list[str] = opt(
+        ["search"],
+        "Tool names: built in search (retriever section) and python (sandboxed code), or "
+        "names defined in tool_path.",
+    )
+    tool_path: str | None = opt(
+        None, "A Python file of tools: typed functions with docstrings, or Tool objects."
+    )
+    format: Literal["search_r1", "json"] = opt(
+        "search_r1",
+        "Call format: search_r1 = <search>query</search>, observations in "
+        "<information>...</information>, the answer in <answer>...</answer>; json = "
+        '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
+    )
+    max_obs_length: int | None = opt(
+        None, "Most tokens of one observation (its head is kept); null = no limit."
+    )
+    tool_timeout_s: float = opt(30.0, "Wall-clock limit of one tool's calls in one turn.")
+    python_timeout_s: float = opt(5.0, "python tool: wall-clock limit of one run of code.")
+    python_memory_mb: int = opt(512, "python tool: address-space limit of one run, MiB.")
+
+
+@dataclass
 class RolloutConfig:
     """Generation: the engine, samples per prompt, sampling, and whose log-probs anchor PPO."""
 
@@ -201,6 +232,7 @@ class RolloutConfig:
         True, "vllm on a GPU: sleep between rollouts, freeing the KV cache for training."
     )
     dtype: str | None = opt(None, "vllm: its dtype; null = the actor's (model.dtype).")
+    multi_turn: MultiTurnConfig = opt(MultiTurnConfig(), "Multi-turn rollouts with tools.")
 
 
 # ------------------------------------------------------------------------------------------
@@ -455,6 +487,11 @@ class ActorConfig:
         "(backend=local) ignores it.",
     )
     fsdp_config: FSDPConfig = opt(FSDPConfig(), "fsdp2 offload options.")
+    state_masking: bool = opt(
+        True,
+        "Multi-turn: tool observations are not trained (False in response_mask, Search-R1's "
+        "info_mask); false trains them as if generated.",
+    )
 
 
 @dataclass
@@ -590,6 +627,21 @@ class ResourcesConfig:
 
 
 @dataclass
+class RetrieverConfig:
+    """The search tool's passages: a local corpus searched with BM25, or a retrieval server."""
+
+    corpus: str | None = opt(
+        None,
+        "Passages file (parquet or JSONL; columns contents, or text and title) indexed with "
+        "BM25 when the run starts.",
+    )
+    url: str | None = opt(
+        None, "A Search-R1 retrieval server (POST queries/topk) instead of a local corpus."
+    )
+    topk: int = opt(3, "Passages returned per query.")
+
+
+@dataclass
 class Config:
     """A training run's configuration: one section per stage of the step."""
 
@@ -602,5 +654,6 @@ class Config:
     actor: ActorConfig = opt(ActorConfig(), "Policy update.")
     critic: CriticConfig = opt(CriticConfig(), "Value function.")
     ref: RefConfig = opt(RefConfig(), "Reference policy.")
+    retriever: RetrieverConfig = opt(RetrieverConfig(), "The search tool's passages.")
     trainer: TrainerConfig = opt(TrainerConfig(), "The run.")
     resources: ResourcesConfig = opt(ResourcesConfig(), "Placement.")

@@ -21,6 +21,7 @@ null means the whole batch in one forward pass (fastest on CPU for small models)
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -65,6 +66,12 @@ class SFTDataConfig:
         False,
         "Train on verl RL-format rows: the response is reward_model.ground_truth (as a string), "
         "e.g. the files of `lmrl tasks`.",
+    )
+    mask_pattern: str | None = opt(
+        None,
+        "A regular expression: the parts of a response (or assistant turn) it matches are "
+        "context, not trained, e.g. tool observations '(?s)<information>.*?</information>' "
+        "in multi-turn demonstrations (the state masking of RL); null = train every token.",
     )
     max_length: int = opt(
         1024, "Longest example in tokens (prompt + response, after the template)."
@@ -189,6 +196,11 @@ def validate_sft_config(cfg: SFTConfig, *, notices: list[str] | None = None) -> 
     for key in ("data.prompt_key", "data.response_key", "data.messages_key"):
         if not get_path(cfg, key):
             errors.append(f"{key} must name a column, got an empty string")
+    if cfg.data.mask_pattern is not None:
+        try:
+            re.compile(cfg.data.mask_pattern)
+        except re.error as err:
+            errors.append(f"data.mask_pattern={cfg.data.mask_pattern!r} is not a regex: {err}")
     if errors:
         raise ConfigError(errors)
 

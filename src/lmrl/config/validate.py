@@ -252,6 +252,40 @@ class _Checks:
                     f"; valid modes: {', '.join(modes)}"
                 )
 
+    def _multi_turn(self) -> None:
+        c, mt = self.cfg, self.cfg.rollout.multi_turn
+        if not mt.enable:
+            return
+        if mt.max_turns < 0:
+            self.errors.append(f"rollout.multi_turn.max_turns={mt.max_turns} must be >= 0")
+        if mt.max_obs_length is not None and mt.max_obs_length < 1:
+            self.errors.append(
+                f"rollout.multi_turn.max_obs_length={mt.max_obs_length} must be >= 1 or null"
+            )
+        for key in ("tool_timeout_s", "python_timeout_s", "python_memory_mb"):
+            if not getattr(mt, key) > 0:
+                self.errors.append(f"rollout.multi_turn.{key}={getattr(mt, key)} must be > 0")
+        if not mt.tools:
+            self.errors.append(
+                "rollout.multi_turn.enable=true with no tools: set rollout.multi_turn.tools "
+                "(e.g. [search])"
+            )
+        if len(set(mt.tools)) != len(mt.tools):
+            self.errors.append(f"rollout.multi_turn.tools={mt.tools} lists a tool twice")
+        if mt.tool_path and not os.path.isfile(os.path.expanduser(mt.tool_path)):
+            self.errors.append(f"rollout.multi_turn.tool_path={mt.tool_path}: no such file")
+        r = c.retriever
+        if "search" in mt.tools and not mt.tool_path:
+            if (r.corpus is None) == (r.url is None):
+                self.errors.append(
+                    "the search tool needs exactly one of retriever.corpus=<passages parquet/"
+                    "jsonl> and retriever.url=<retrieval server>"
+                )
+            elif r.corpus is not None and not os.path.isfile(os.path.expanduser(r.corpus)):
+                self.errors.append(f"retriever.corpus={r.corpus}: no such file")
+        if r.topk < 1:
+            self.errors.append(f"retriever.topk={r.topk} must be >= 1")
+
     def _name(self, key: str, value: str, registry: Any) -> None:
         if value in registry:
             return
@@ -419,6 +453,7 @@ class _Checks:
     # ---------------------------------------------------------------- combinations
     def combinations(self) -> None:
         c = self.cfg
+        self._multi_turn()
         if c.reward_model.enable and not c.reward_model.model.path:
             self.errors.append(
                 "reward_model.enable=true needs reward_model.model.path=<a sequence-"

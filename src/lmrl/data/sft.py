@@ -21,6 +21,7 @@ Bad rows raise ``lmrl.errors.DataError`` naming the file, the row and the column
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
@@ -196,6 +197,8 @@ class SFTDataset:
             message prompts).
         prompt_key, response_key, messages_key, response_from_ground_truth: the layout (see
             the module docstring).
+        mask_pattern: a regex; the parts of a trained segment it matches become context
+            (tool observations in multi-turn demonstrations); None = train everything.
         max_length: the most tokens per example; None = no limit.
         truncation: for longer examples: ``"error"`` (raise, naming the row), ``"right"`` (cut
             the end) or ``"left"`` (cut the start). An example left with no trained token is
@@ -220,6 +223,7 @@ class SFTDataset:
         response_key: str = "response",
         messages_key: str = "messages",
         response_from_ground_truth: bool = False,
+        mask_pattern: str | None = None,
         max_length: int | None = None,
         truncation: str = "error",
     ) -> None:
@@ -237,19 +241,19 @@ class SFTDataset:
         if pad is None or tokenizer.eos_token_id is None:
             raise ModelError("the tokenizer needs an eos token (the end of a plain-text response)")
         self.pad_token_id = int(pad)
+        mask = re.compile(mask_pattern) if mask_pattern is not None else None
 
         rows: list[list[Segment]] = []
         where: list[str] = []
         for path in paths:
             for i, raw in enumerate(_as_data_error(read_records, path)):
                 at = f"{path}: row {i}"
-                rows.append(
-                    row_segments(
-                        raw, tokenizer, at, prompt_key=prompt_key, response_key=response_key,
-                        messages_key=messages_key,
-                        response_from_ground_truth=response_from_ground_truth,
-                    )
+                segments = row_segments(
+                    raw, tokenizer, at, prompt_key=prompt_key, response_key=response_key,
+                    messages_key=messages_key,
+                    response_from_ground_truth=response_from_ground_truth,
                 )  # fmt: skip
+                rows.append(mask_segments(segments, mask) if mask is not None else segments)
                 where.append(at)
         if not rows:
             raise DataError(f"no rows in {[str(p) for p in paths]}")
@@ -353,6 +357,27 @@ def _tokenize(rows: list[list[Segment]], tokenizer: Any) -> list[tuple[list[int]
     return out
 
 
+def mask_segments(segments: list[Segment], pattern: re.Pattern) -> list[Segment]:
+    """Cut every trained segment at the matches of ``pattern``: the matches become context
+    (not trained), the rest stays trained; a response's EOS stays on its last piece."""
+    out: list[Segment] = []
+    for seg in segments:
+        if not seg.trained:
+            out.append(seg)
+            continue
+        pieces, last = [], 0
+        for match in pattern.finditer(seg.text):
+            if match.end() == match.start():
+                continue  # an empty match masks nothing
+            pieces += [(seg.text[last : match.start()], True), (match.group(0), False)]
+            last = match.end()
+        pieces.append((seg.text[last:], True))
+        out += [Segment(text, trained, seg.special_tokens) for text, trained in pieces if text]
+        if seg.eos:  # the EOS after the response is trained, whatever ends the response
+            out.append(Segment("", True, seg.special_tokens, eos=True))
+    return out
+
+
 def _drop_untrained_tail(input_ids: list[int], loss_mask: list[bool]) -> None:
     """Remove trailing context tokens in place: they predict nothing trained."""
     while loss_mask and not loss_mask[-1]:
@@ -360,4 +385,11 @@ def _drop_untrained_tail(input_ids: list[int], loss_mask: list[bool]) -> None:
         input_ids.pop()
 
 
-__all__ = ["TRUNCATIONS", "SFTDataset", "Segment", "chat_segments", "row_segments"]
+__all__ = [
+    "TRUNCATIONS",
+    "SFTDataset",
+    "Segment",
+    "chat_segments",
+    "mask_segments",
+    "row_segments",
+]

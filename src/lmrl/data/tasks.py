@@ -6,7 +6,7 @@ columns::
 
     data_source  the task's name (also its scorer's name)
     prompt       [{"role": "user", "content": ...}]
-    ability      "digits" | "math" | "logic" | "counting" | "sorting" | "comparison"
+    ability      "digits" | "math" | "logic" | "counting" | "sorting" | "comparison" | "search"
     reward_model {"style": "rule", "ground_truth": ...}
     extra_info   {"split": "train" | "test", "index": i, ...task fields}
 
@@ -24,17 +24,20 @@ rather than a silent repeat.
 - ``knights_knaves``: see ``lmrl.data.knights_knaves``.
 - ``count``, ``sort``, ``add``, ``compare``: small tasks for tiny models, see
   ``lmrl.data.small_tasks``.
+- ``search_qa``: questions only a search tool answers (it also writes ``corpus.parquet``),
+  see ``lmrl.data.search_qa``.
 """
 
 from __future__ import annotations
 
+import inspect
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmrl.data import countdown, knights_knaves, small_tasks
+from lmrl.data import countdown, knights_knaves, search_qa, small_tasks
 from lmrl.errors import DataError
 
 Example = tuple[str, Any, dict[str, Any]]  # (prompt content, ground truth, extra_info fields)
@@ -50,6 +53,9 @@ class TaskSpec:
         ability: verl's ``ability`` column.
         num_train, num_test: default split sizes.
         description: one line for ``lmrl tasks``.
+        assets: ``assets(out_dir, **options) -> Path`` writes a file the task needs beside its
+            splits (``search_qa``'s corpus), or None. A generator with a ``split`` parameter
+            is told which split it draws for.
     """
 
     name: str
@@ -58,6 +64,7 @@ class TaskSpec:
     num_train: int
     num_test: int
     description: str
+    assets: Callable[..., Path] | None = None
 
 
 # ---------------------------------------------------------------------------- digits
@@ -216,6 +223,12 @@ TASKS: dict[str, TaskSpec] = {
             "compare", small_tasks.generate_compare, "comparison", 10_000, 256,
             "max 47 5 81 -> 81 (3 numbers), partial credit by rank",
         ),
+        TaskSpec(
+            "search_qa", search_qa.generate, "search", 2_000, 256,
+            "where does Vokar live? (invented people, answer by searching the corpus it "
+            "writes; a quarter need two searches), exact match",
+            assets=search_qa.write_corpus,
+        ),
     )
 }  # fmt: skip
 
@@ -273,13 +286,15 @@ def generate_rows(
         if not isinstance(size, int) or size < 0:
             raise DataError(f"num_{split} must be an int >= 0, got {size!r}")
     rng = random.Random(seed)
+    takes_split = "split" in inspect.signature(spec.generate).parameters
     seen: set[str] = set()
     out: dict[str, list[dict[str, Any]]] = {}
     for split in ("test", "train"):
         rows: list[dict[str, Any]] = []
         misses = 0
         while len(rows) < sizes[split]:
-            content, truth, extra = spec.generate(rng, **options)
+            split_option = {"split": split} if takes_split else {}
+            content, truth, extra = spec.generate(rng, **split_option, **options)
             if content in seen:
                 misses += 1
                 if misses > 100 * sizes[split] + 1000:
@@ -327,7 +342,7 @@ def write_task(
         **options: passed to the task's generator.
 
     Returns:
-        ``{"train": path, "test": path}``.
+        ``{"train": path, "test": path}``, and ``"corpus"`` for ``search_qa``.
 
     Raises:
         DataError: see `generate_rows`; or ``out_dir`` is a file or cannot be written (checked
@@ -347,6 +362,9 @@ def write_task(
             path = out / f"{split}.parquet"
             pq.write_table(pa.Table.from_pylist(rows), path)
             paths[split] = path
+        assets = get_task(name).assets
+        if assets is not None:
+            paths["corpus"] = assets(out, **options)
     except OSError as err:  # a parent that is a file, no permission, a full disk
         raise DataError(f"cannot write the {name} task to {out}: {err}") from None
     return paths

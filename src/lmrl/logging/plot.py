@@ -4,7 +4,8 @@ Six panels over steps: reward (train score and acc, validation reward as points)
 validation (acc, mean@k, pass@k per data source), response length (mean with its min-max
 band, clip ratio on a second axis), KL (ppo_kl, kl_loss, reward_kl_penalty), entropy (with
 the fraction of prompt groups that scored all alike on a second axis: a collapse shows as
-entropy falling while that fraction climbs) and clipfrac. A panel without data says "no data"
+entropy falling while that fraction climbs) and clipfrac (in a multi-turn run, tool use
+instead: turns and tool calls per sample, the answered and valid-call fractions). A panel without data says "no data"
 rather than staying blank, so a missing metric is visible; ppo_kl and the clip fractions of a
 run with one on-policy update per batch say they are 0 by construction instead of drawing a
 flat 0. Optional smoothing is TensorBoard's debiased exponential moving average, drawn over
@@ -256,6 +257,22 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
         p.line("critic/score/zero_spread_frac", "groups scored all alike (right axis)",
                ax=twin, color="C3", linestyle="--")  # fmt: skip
     p.finish(extra_handles_from=twin)
+
+    if "agent/turns/mean" in series:  # a multi-turn run: tool use takes the last panel
+        p = _Panel(axes[1, 2], series, smooth, "Tool use", "per sample")
+        p.line("agent/turns/mean", "turns", color="C0")
+        p.line("agent/tool_calls/mean", "tool calls", color="C1")
+        twin = p.ax.twinx()
+        twin.set_ylabel("fraction")
+        twin.set_ylim(-0.02, 1.02)
+        p.line("agent/finish_ratio", "answered (right axis)", ax=twin, color="C2",
+               linestyle="--")  # fmt: skip
+        p.line("agent/valid_call_ratio", "valid calls (right axis)", ax=twin, color="C3",
+               linestyle=":")  # fmt: skip
+        p.finish(extra_handles_from=twin)
+        if title:
+            fig.suptitle(title, fontsize=13)
+        return fig
 
     p = _Panel(axes[1, 2], series, smooth, "Clip fraction", "fraction of tokens")
     if not on_policy:

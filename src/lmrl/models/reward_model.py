@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lmrl.batch import Batch
+from lmrl.batch import Batch, response_tokens_mask
 from lmrl.models.loading import (
     ModelError,
     check_model_path,
@@ -115,7 +115,7 @@ class RewardModel:
         prompts = dec.batch_decode(batch["prompts"], skip_special_tokens=True)
         responses = [
             dec.decode(ids[m], skip_special_tokens=True)
-            for ids, m in zip(batch["responses"], batch["response_mask"].bool(), strict=True)
+            for ids, m in zip(batch["responses"], response_tokens_mask(batch), strict=True)
         ]
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):

@@ -27,16 +27,15 @@ the file and the function.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
 import numbers
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from lmrl._userfile import UserFileError, import_user_file
 from lmrl.errors import RewardError
 
 PER_SAMPLE_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
@@ -78,29 +77,14 @@ class FileFunction:
         self.fn = self._load()
 
     def _load(self) -> Callable:
-        path = Path(self.path)
-        if not path.is_file():
-            raise RewardError(
-                f"custom reward function file {self.path} does not exist "
-                f"(looking for function {self.name!r})"
-            )
-        module_name = f"lmrl_user_reward_{abs(hash(self.path)):x}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise RewardError(
-                f"custom reward function file {self.path} is not a Python file "
-                f"(looking for function {self.name!r})"
-            )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
         try:
-            spec.loader.exec_module(module)
-        except Exception as err:
-            del sys.modules[module_name]
+            module = import_user_file(self.path, "lmrl_user_reward")
+        except UserFileError as err:
+            failed = str(err).startswith("failed")
+            what = f"{'importing ' if failed else ''}custom reward function file"
             raise RewardError(
-                f"importing custom reward function file {self.path} failed: "
-                f"{type(err).__name__}: {err} (looking for function {self.name!r})"
-            ) from err
+                f"{what} {self.path} {err} (looking for function {self.name!r})"
+            ) from err.__cause__
         fn = getattr(module, self.name, None)
         if fn is None:
             found = sorted(k for k, v in vars(module).items() if callable(v) and k[0] != "_")

@@ -1,9 +1,10 @@
 """Reward managers: from a `Batch` of responses to ``token_level_scores``.
 
-A manager decodes each response under its ``response_mask`` (special tokens skipped), scores
-it with its reward functions (the built-in scorers by ``data_source`` unless the user gives
-their own), and writes the sample's score on the last valid response token of a zero
-``(B, T)`` float32 tensor. Three managers share that interface (`REWARD_MANAGERS`):
+A manager decodes each response's tokens (``response_tokens_mask``: a multi-turn rollout's
+observations included; special tokens skipped), scores it with its reward functions (the
+built-in scorers by ``data_source`` unless the user gives their own), and writes the sample's
+score on the last trained response token (``response_mask``) of a zero ``(B, T)`` float32
+tensor. Three managers share that interface (`REWARD_MANAGERS`):
 
 - ``naive``: every sample scored on its own; a batched (TRL-style) function gets one-sample
   lists;
@@ -44,7 +45,7 @@ import numpy as np
 import torch
 
 from lmrl.algos.registry import Registry
-from lmrl.batch import Batch
+from lmrl.batch import Batch, last_true, response_tokens_mask
 from lmrl.errors import DataError, RewardError
 from lmrl.rewards.functions import Outcome, RewardFunction, describe
 from lmrl.rewards.pool import ScoringPool
@@ -249,16 +250,15 @@ class RewardManager:
             raise ValueError(f"the batch has no 'responses'; keys: {batch.keys()}")
         responses = batch["responses"]
         B, T = responses.shape
-        if "response_mask" in batch:
-            mask = batch["response_mask"]
-        elif "attention_mask" in batch:
-            mask = batch["attention_mask"][:, -T:]
-        else:
+        if "response_mask" not in batch and "attention_mask" not in batch:
             raise ValueError(
                 "the batch needs 'response_mask' (or 'attention_mask') to decode responses"
             )
-        mask = mask.bool()
-        if mask.shape != responses.shape:
+        # decode every token read (a multi-turn rollout's observations too); the score goes
+        # on the last trained token
+        mask = response_tokens_mask(batch)
+        trained = batch["response_mask"].bool() if "response_mask" in batch else mask
+        if mask.shape != responses.shape or trained.shape != responses.shape:
             raise ValueError(f"response_mask has shape {tuple(mask.shape)}, responses {(B, T)}")
         ids = [responses[i][mask[i]].tolist() for i in range(B)]
         completions = self.tokenizer.batch_decode(ids, skip_special_tokens=True)
@@ -277,10 +277,10 @@ class RewardManager:
             completion_ids=ids,
             uids=column("uid") if "uid" in batch else None,
         )
-        lengths = mask.sum(dim=-1)
+        lengths = mask.sum(dim=-1)  # DAPO's overlong budget counts every response token
         scores = self._adjust(scores, lengths.cpu().numpy(), T, extras, metrics)
         token_level_scores = torch.zeros(B, T, dtype=torch.float32, device=responses.device)
-        last = (lengths - 1).clamp(min=0)
+        last = last_true(trained).to(responses.device)
         token_level_scores[torch.arange(B, device=responses.device), last] = torch.as_tensor(
             scores, dtype=torch.float32, device=responses.device
         )

@@ -9,7 +9,9 @@ share its ``uid``), with the standard keys:
 - ``attention_mask`` bool (B*n, P+T) = cat(prompt mask, response mask);
 - ``position_ids`` (B*n, P+T) = cumsum(attention_mask) - 1, clipped at 0;
 - ``response_mask`` bool (B*n, T): True up to and including the first EOS token (or the token
-  that completes a stop string), False after;
+  that completes a stop string), False after; in a multi-turn rollout (`lmrl.rollout.agent`)
+  also False on the observation tokens under state masking, while ``attention_mask`` is True
+  on them (read, not trained);
 - ``rollout_log_probs`` (B*n, T): log-prob of each sampled token under the distribution the
   engine sampled from *before* top-p/top-k truncation, i.e. ``log_softmax(logits / temperature)``
   at the token; 0 outside ``response_mask``. It is what ``compute_log_probs`` returns for the
@@ -215,6 +217,7 @@ def finish_rollout(
     response_mask: torch.Tensor,
     rollout_log_probs: torch.Tensor,
     temperature: float,
+    response_attention: torch.Tensor | None = None,
 ) -> Batch:
     """Assemble an engine's output `Batch` from its sampled tokens.
 
@@ -225,6 +228,9 @@ def finish_rollout(
         response_mask: bool (B*n, T), True up to and including the stopping token.
         rollout_log_probs: (B*n, T) float, 0 outside ``response_mask``.
         temperature: the temperature of ``rollout_log_probs``, stored in ``meta``.
+        response_attention: bool (B*n, T), the response tokens the model reads, when they
+            are more than ``response_mask`` (a multi-turn rollout's observations: read, not
+            trained); default ``response_mask``.
     Returns:
         The B*n-row batch described in this module's docstring: every prompt column
         repeated ``n`` times (tensors other than the prompt's own keys too), ``uid`` added
@@ -241,12 +247,14 @@ def finish_rollout(
     device = prompt_ids.device
     responses = responses.to(device)
     response_mask = response_mask.to(device)
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    if response_attention is None:
+        response_attention = response_mask
+    attention_mask = torch.cat([prompt_mask, response_attention.to(device).bool()], dim=1)
     if prompt_pos is None:
         position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
     else:
         prompt_pos = prompt_pos.to(device).long()
-        response_pos = prompt_pos[:, -1:] + response_mask.long().cumsum(dim=1)
+        response_pos = prompt_pos[:, -1:] + response_attention.long().cumsum(dim=1)
         position_ids = torch.cat([prompt_pos, response_pos], dim=1)
     rows["prompts"] = prompt_ids
     rows["responses"] = responses

@@ -7,6 +7,8 @@ vLLM installed, building it fails with a message that says how to get it.
 
 from __future__ import annotations
 
+import math
+
 from torch import nn
 
 from lmrl.algos.registry import Registry
@@ -14,7 +16,7 @@ from lmrl.errors import LmrlError
 from lmrl.rollout.base import RolloutEngine
 from lmrl.rollout.hf import HFEngine
 
-__all__ = ["ENGINES", "build_engine", "engine_options"]
+__all__ = ["ENGINES", "build_engine", "engine_options", "with_tools"]
 
 ENGINES: Registry = Registry("rollout engine")
 ENGINES.register("hf")(HFEngine)
@@ -74,3 +76,33 @@ def build_engine(name: str, model: nn.Module, tokenizer=None, **options) -> Roll
         ValueError: an unknown name (the message lists the valid ones).
     """
     return ENGINES.get(name)(model, tokenizer, **options)
+
+
+def with_tools(cfg, engine: RolloutEngine, tokenizer) -> RolloutEngine:
+    """``engine`` wrapped in the multi-turn agent loop when ``rollout.multi_turn.enable``
+    (its tools made from the config), else ``engine`` itself.
+
+    Raises:
+        ToolLoadError: a tool cannot be made (unknown name, bad tool file, unreadable corpus).
+    """
+    mt = cfg.rollout.multi_turn
+    if not mt.enable:
+        return engine
+    from lmrl.rollout.agent import AgentLoop
+    from lmrl.tools.loading import load_tools
+
+    r = cfg.retriever
+    options = {
+        "search": {"corpus": r.corpus, "url": r.url, "topk": r.topk},
+        "python": {
+            "timeout_s": mt.python_timeout_s,
+            "cpu_s": max(1, math.ceil(mt.python_timeout_s)),
+            "memory_mb": mt.python_memory_mb,
+        },
+    }
+    tools = load_tools(mt.tools, mt.tool_path, options)
+    return AgentLoop(
+        engine, tools, tokenizer, max_turns=mt.max_turns, format=mt.format,
+        state_masking=cfg.actor.state_masking, max_obs_length=mt.max_obs_length,
+        tool_timeout_s=mt.tool_timeout_s,
+    )  # fmt: skip

@@ -174,6 +174,34 @@ class HFEngine(RolloutEngine):
             sampling.logprob_temperature,
         )
 
+    def open_session(
+        self,
+        prompts: Batch,
+        n: int,
+        sampling: SamplingParams,
+        *,
+        prompt_offset: int = 0,
+        rows: torch.Tensor | None = None,
+    ) -> HFSession:
+        """A multi-turn session over the ``B * n`` sample rows of ``prompts`` (or the subset
+        ``rows`` of them) that keeps their KV cache between turns (`HFSession`)."""
+        input_ids, mask = check_prompts(prompts, n)
+        all_rows = torch.arange(len(prompts)).repeat_interleave(n)
+        keys = prompt_offset * n + torch.arange(len(all_rows))
+        if rows is not None:
+            all_rows, keys = all_rows[rows], keys[rows]
+        position_ids = prompts.get("position_ids")
+        pos = position_ids[all_rows] if position_ids is not None else None
+        return HFSession(
+            self,
+            input_ids[all_rows],
+            mask[all_rows],
+            pos,
+            sampling,
+            self.seeds.for_call(sampling),
+            keys,
+        )
+
     # ------------------------------------------------------------------ internals
     def _device(self) -> torch.device:
         first = next(self.model.parameters(), None)
@@ -294,7 +322,172 @@ class HFEngine(RolloutEngine):
         return hit
 
 
+class HFSession:
+    """Multi-turn generation over R rows that keeps their KV cache from turn to turn.
+
+    The agent loop (`lmrl.rollout.agent`) alternates `generate` (the given rows sample until
+    EOS, a stop string or their token budget) and `append` (observation tokens go into the
+    cache with one forward). Nothing is prefilled twice: the cache holds every row's prompt and
+    everything since. Rows advance apart, so a step feeds every row one column and the rows
+    with nothing to feed get a pad there with attention 0 (an interior gap in the cache that
+    no query attends); each row's positions count only its real tokens, so they equal the
+    positions of the compact ``cat(prompt, responses)`` the trainer later scores, and the
+    recorded log-probs are the ones its forward gives.
+
+    A row's last sampled token is fed lazily: at its next decode step, or as the first column
+    of its observation block, so a turn's final token costs no forward of its own.
+
+    The uniform behind a row's ``k``-th sampled token is `Draws` at (its key, ``k``), so a
+    row's samples do not depend on which other rows share its session.
+    """
+
+    def __init__(
+        self,
+        engine: HFEngine,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        sampling: SamplingParams,
+        seed: int,
+        keys: torch.Tensor,
+    ) -> None:
+        from transformers import DynamicCache
+
+        self.engine, self.sampling = engine, sampling
+        device = engine._device()
+        model = engine.model
+        self._flags = {m: m.training for m in model.modules()}
+        model.eval()
+        self.rows = input_ids.shape[0]
+        input_ids, mask = input_ids.to(device), mask.to(device)
+        if position_ids is None:
+            position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
+        position_ids = position_ids.to(device).long()
+        self.device = device
+        self.draws = Draws(seed, keys.to(device))
+        self.cache = DynamicCache(config=model.config)
+        self.attn = mask.long()
+        self.next_pos = position_ids[:, -1] + 1
+        self.pending = torch.full((self.rows,), engine.pad_id, dtype=torch.long, device=device)
+        self.has_pending = torch.zeros(self.rows, dtype=torch.bool, device=device)
+        self.count = torch.zeros(self.rows, dtype=torch.long, device=device)
+        self.eos = torch.tensor(engine.eos_ids, dtype=torch.long, device=device)
+        first, inverse = distinct_rows(input_ids)
+        with torch.inference_mode():
+            if len(first) < self.rows:
+                logits = engine._forward(
+                    input_ids[first], self.attn[first], position_ids[first], self.cache
+                )
+                self.cache.reorder_cache(inverse)
+                self.last_logits = logits[inverse]
+            else:
+                self.last_logits = engine._forward(input_ids, self.attn, position_ids, self.cache)
+
+    def close(self) -> None:
+        """Free the cache and restore the model's train/eval flags."""
+        for module, training in self._flags.items():
+            module.training = training
+        self.cache = None
+
+    def _feed(self, ids: torch.Tensor, valid: torch.Tensor) -> None:
+        """Run (R, W) left-padded ``ids`` (``valid`` marks real ones) through the cache; rows
+        with a real token take the last column's logits and advance their positions."""
+        positions = self.next_pos[:, None] + valid.long().cumsum(dim=1) - 1
+        self.attn = torch.cat([self.attn, valid.long()], dim=1)
+        logits = self.engine._forward(ids, self.attn, positions.clamp(min=0), self.cache)
+        fed = valid.any(dim=1)
+        self.last_logits = torch.where(fed[:, None], logits, self.last_logits)
+        self.next_pos = self.next_pos + valid.long().sum(dim=1)
+
+    def generate(
+        self, rows: torch.Tensor, stop: Sequence[str], budget: torch.Tensor
+    ) -> list[tuple[list[int], list[float], str]]:
+        """Sample the ``rows`` (bool (R,)) until each ends: ``"eos"``, ``"stop"`` (its turn's
+        text holds a stop string) or ``"length"`` (``budget`` (R,) tokens this turn).
+
+        Returns:
+            For every row (empty for rows not asked): this turn's tokens, their log-probs
+            (temperature-scaled, untruncated, as ``rollout_log_probs``), and why it ended.
+        """
+        sampling, engine = self.sampling, self.engine
+        temperature = sampling.logprob_temperature
+        running = rows.to(self.device).bool() & (budget.to(self.device) > 0)
+        produced = torch.zeros(self.rows, dtype=torch.long, device=self.device)
+        budget = budget.to(self.device)
+        tokens: list[list[int]] = [[] for _ in range(self.rows)]
+        log_probs: list[list[float]] = [[] for _ in range(self.rows)]
+        reasons = ["" for _ in range(self.rows)]
+        width = max((len(s) for s in stop), default=0) + 1
+        with torch.inference_mode():
+            while bool(running.any()):
+                feed = running & self.has_pending
+                if bool(feed.any()):
+                    ids = torch.where(feed, self.pending, engine.pad_id)[:, None]
+                    self._feed(ids, feed[:, None])
+                    self.has_pending &= ~feed
+                scaled = self.last_logits / temperature
+                logp = torch.log_softmax(scaled, dim=-1)
+                if sampling.do_sample:
+                    probs = _truncate(scaled, sampling.top_k, sampling.top_p).softmax(dim=-1)
+                    token = _draw(probs, self.draws.uniform(self.count))
+                else:
+                    token = self.last_logits.argmax(dim=-1)
+                token_logp = logp.gather(1, token[:, None]).squeeze(1)
+                idx = running.nonzero().flatten().tolist()
+                for r, tok, lp in zip(
+                    idx, token[idx].tolist(), token_logp[idx].tolist(), strict=True
+                ):
+                    tokens[r].append(tok)
+                    log_probs[r].append(lp)
+                self.pending = torch.where(running, token, self.pending)
+                self.has_pending |= running
+                self.count += running.long()
+                produced += running.long()
+                ended_eos = running & torch.isin(token, self.eos)
+                ended_len = running & ~ended_eos & (produced >= budget)
+                ended_stop = torch.zeros_like(running)
+                check = [r for r in idx if not ended_eos[r]]
+                if stop and check:
+                    tails = [tokens[r][-width:] for r in check]
+                    texts = engine.tokenizer.batch_decode(tails, skip_special_tokens=True)
+                    for r, text in zip(check, texts, strict=True):
+                        if any(s in text for s in stop):
+                            ended_stop[r] = True
+                for r in idx:
+                    if ended_eos[r]:
+                        reasons[r] = "eos"
+                    elif ended_stop[r]:
+                        reasons[r] = "stop"
+                    elif ended_len[r]:
+                        reasons[r] = "length"
+                running &= ~(ended_eos | ended_stop | ended_len)
+        return list(zip(tokens, log_probs, reasons, strict=True))
+
+    def append(self, observations: Mapping[int, Sequence[int]]) -> None:
+        """Feed each given row its pending token and then its observation tokens, one forward
+        for all rows (left-padded to the longest block)."""
+        blocks = {}
+        for r, obs in observations.items():
+            head = [int(self.pending[r])] if bool(self.has_pending[r]) else []
+            blocks[r] = head + [int(t) for t in obs]
+        blocks = {r: b for r, b in blocks.items() if b}
+        if not blocks:
+            return
+        width = max(len(b) for b in blocks.values())
+        ids = torch.full((self.rows, width), self.engine.pad_id, dtype=torch.long)
+        valid = torch.zeros(self.rows, width, dtype=torch.bool)
+        for r, block in blocks.items():
+            ids[r, width - len(block) :] = torch.tensor(block, dtype=torch.long)
+            valid[r, width - len(block) :] = True
+        with torch.inference_mode():
+            self._feed(ids.to(self.device), valid.to(self.device))
+        done = torch.zeros(self.rows, dtype=torch.bool, device=self.device)
+        done[list(blocks)] = True
+        self.has_pending &= ~done
+
+
 _M32 = 0xFFFFFFFF
+_KEY, _STEP = 0x1B873593, 0x68E31DA4  # odd constants mixed into the key and the step
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -320,12 +513,15 @@ class Draws:
     def __init__(self, seed: int, keys: torch.Tensor) -> None:
         seed &= 2**64 - 1
         lo, hi = seed & _M32, seed >> 32
-        self.base = _mix32(_mix32(keys.long() & _M32) ^ hi) ^ lo  # (R,)
+        # the hash maps 0 to 0: the constants keep (seed 0, key 0, step 0) from drawing u = 0
+        self.base = _mix32(_mix32((keys.long() & _M32) ^ _KEY) ^ hi) ^ lo  # (R,)
 
-    def uniform(self, t: int) -> torch.Tensor:
-        """(R, 1) float64 uniforms in [0, 1) of decode step ``t`` (53 random bits each)."""
-        h1 = _mix32(self.base ^ _mix32(torch.full_like(self.base, 2 * t)))
-        h2 = _mix32(self.base ^ _mix32(torch.full_like(self.base, 2 * t + 1)) ^ 0x9E3779B9)
+    def uniform(self, t: int | torch.Tensor) -> torch.Tensor:
+        """(R, 1) float64 uniforms in [0, 1) of decode step ``t`` (53 random bits each); ``t``
+        may be a (R,) tensor, each row at its own step (the agent loop's rows advance apart)."""
+        t = torch.as_tensor(t, dtype=torch.long, device=self.base.device).expand_as(self.base)
+        h1 = _mix32(self.base ^ _mix32((2 * t) ^ _STEP))
+        h2 = _mix32(self.base ^ _mix32((2 * t + 1) ^ _STEP) ^ 0x9E3779B9)
         bits = (h1 << 21) | (h2 >> 11)  # 32 + 21 = 53 bits
         return (bits.double() * 2.0**-53)[:, None]
 

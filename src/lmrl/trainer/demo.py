@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 
+from lmrl.batch import response_tokens_mask
 from lmrl.errors import DataError
 
 log = logging.getLogger("lmrl.demo")
@@ -165,19 +166,30 @@ class GreedyAccuracy:
         val_file: the validation parquet.
         max_new_tokens: the most tokens per answer (the RL run's ``max_response_length``).
         max_prompt_length: as in the RL run.
+        agent: keyword arguments of `lmrl.rollout.agent.AgentLoop` (``tools``, ``max_turns``...)
+            to answer with tools, in turns; None = one plain generation.
     """
 
     def __init__(
-        self, model, tokenizer, val_file: Path, max_new_tokens: int, max_prompt_length: int
+        self,
+        model,
+        tokenizer,
+        val_file: Path,
+        max_new_tokens: int,
+        max_prompt_length: int,
+        agent: dict[str, Any] | None = None,
     ) -> None:
         from lmrl.data import RLDataset
         from lmrl.rewards.scorers import default_compute_score
         from lmrl.rollout import SamplingParams, build_engine
+        from lmrl.rollout.agent import AgentLoop
 
         self.model, self.tokenizer, self.score = model, tokenizer, default_compute_score
         self.data = RLDataset(val_file, tokenizer, max_prompt_length=max_prompt_length)
         self.prompts = self.data.get_batch(list(range(len(self.data))))
         self.engine = build_engine("hf", model, tokenizer)
+        if agent is not None:
+            self.engine = AgentLoop(self.engine, tokenizer=tokenizer, **agent)
         self.sampling = SamplingParams(do_sample=False, max_new_tokens=max_new_tokens)
 
     @torch.no_grad()
@@ -191,7 +203,7 @@ class GreedyAccuracy:
             self.model.train(training)
         right = 0.0
         for ids, mask, source, truth, extra in zip(
-            out["responses"], out["response_mask"], out["data_source"], out["ground_truth"],
+            out["responses"], response_tokens_mask(out), out["data_source"], out["ground_truth"],
             out["extra_info"], strict=True,
         ):  # fmt: skip
             text = self.tokenizer.decode(ids[mask], skip_special_tokens=False)
@@ -212,13 +224,21 @@ def run_sft(
     max_new_tokens: int,
     console: bool,
     check_loss: float = SFT_CHECK_LOSS,
+    max_length: int = 64,
+    agent: dict[str, Any] | None = None,
+    check_every: int = 1,
+    max_acc: float = SFT_MAX_ACC,
+    mask_pattern: str | None = None,
 ) -> dict[str, Any]:
     """The warm start: SFT on ``data["sft"]`` until greedy accuracy on ``data["test"]``
     reaches ``target_acc`` (or ``max_steps``).
 
-    Accuracy is measured after every step once the training loss is below ``check_loss``; a
-    step whose accuracy exceeds ``SFT_MAX_ACC`` is undone (the weights of the previous check
-    are exported instead).
+    Accuracy is measured after every ``check_every``-th step once the training loss is below
+    ``check_loss``; a check whose accuracy exceeds ``max_acc`` is undone (the weights of the
+    previous check are exported instead). ``data["sft"]`` holds verl RL rows (the response is the ground
+    truth) or ``prompt``/``response`` rows; ``agent`` makes the accuracy check answer in turns
+    with tools (see `GreedyAccuracy`); ``max_length`` bounds an example's tokens;
+    ``mask_pattern`` leaves what it matches untrained (``data.mask_pattern``).
 
     Returns:
         ``{"dir", "model", "steps", "acc", "seconds", "rolled_back"}``; ``model`` is the
@@ -227,14 +247,18 @@ def run_sft(
     from lmrl.config.sft import load_sft_config
     from lmrl.trainer.sft import SFTTrainer
 
+    from_truth = _has_ground_truth_only(data["sft"])
+    # a validation loss needs the validation rows in the SFT file's layout
+    val = [f"data.val_files={_yaml_str(data['test'])}"] if from_truth else []
     cfg = load_sft_config(
         None,
         [
             f"model.path={_yaml_str(model_dir)}",
             f"data.train_files={_yaml_str(data['sft'])}",
-            f"data.val_files={_yaml_str(data['test'])}",
-            "data.response_from_ground_truth=true",
-            "data.max_length=64",
+            *val,
+            f"data.response_from_ground_truth={str(from_truth).lower()}",
+            f"data.max_length={max_length}",
+            *([f"data.mask_pattern={_yaml_str(mask_pattern)}"] if mask_pattern else []),
             f"data.train_batch_size={batch_size}",
             f"optim.lr={lr}",
             "optim.lr_warmup_steps_ratio=0",
@@ -249,17 +273,20 @@ def run_sft(
     )
     start = time.perf_counter()
     trainer = SFTTrainer(cfg)
-    accuracy = GreedyAccuracy(trainer.model, trainer.tokenizer, data["test"], max_new_tokens, 64)
+    accuracy = GreedyAccuracy(
+        trainer.model, trainer.tokenizer, data["test"], max_new_tokens, 64, agent=agent
+    )
     state: dict[str, Any] = {"stopped": False, "acc": None, "previous": None, "rolled_back": False}
 
     def stop(step: int, metrics: dict[str, float]) -> bool:
-        if metrics["sft/loss"] >= check_loss:
+        if metrics["sft/loss"] >= check_loss or step % check_every:
             return False
         acc = metrics["sft/val_acc"] = accuracy()
-        if acc > SFT_MAX_ACC and state["previous"] is not None:
+        if acc > max_acc and state["previous"] is not None:
             trainer.model.load_state_dict(state["previous"])  # the last check's weights
             state["rolled_back"] = True
-            log.warning("sft: accuracy %.3f is over %.2f; rolled back one step", acc, SFT_MAX_ACC)
+            log.warning("sft: accuracy %.3f is over %.2f; rolled back to the last check", acc,
+                        max_acc)  # fmt: skip
             acc = state["acc"]
         else:
             state["acc"] = acc
@@ -282,6 +309,13 @@ def run_sft(
         "seconds": time.perf_counter() - start,
         "rolled_back": state["rolled_back"],
     }
+
+
+def _has_ground_truth_only(path: Path) -> bool:
+    """The SFT file is verl RL rows without a ``response`` column (train on the ground truth)."""
+    import pyarrow.parquet as pq
+
+    return "response" not in pq.read_schema(path).names
 
 
 def run_rl(

@@ -14,7 +14,8 @@ from contextlib import contextmanager
 import torch
 
 from lmrl.algos.masked import masked_mean, masked_var, zero_outside
-from lmrl.batch import Batch
+from lmrl.batch import Batch, response_tokens_mask
+from lmrl.rollout.agent import AGENT_KEYS
 
 # name (or name prefix ending in "/") -> what it measures. The documentation of every metric.
 METRICS: dict[str, str] = {
@@ -44,7 +45,14 @@ METRICS: dict[str, str] = {
     "critic/advantages/": "advantages over response tokens (mean, max, min)",
     "critic/returns/": "returns over response tokens (mean, max, min)",
     "critic/values/": "critic values over response tokens (mean, max, min)",
-    "response_length/": "generated tokens per sample (mean, max, min)",
+    "response_length/": "response tokens per sample, tool observations included (mean, max, min)",
+    "agent/turns/mean": "multi-turn: generation turns per sample",
+    "agent/tool_calls/mean": "multi-turn: tool calls per sample",
+    "agent/valid_call_ratio": "multi-turn: calls the format parsed and a tool answered",
+    "agent/tool_errors/mean": "multi-turn: tool calls per sample that raised an error",
+    "agent/tool_timeouts/mean": "multi-turn: tool calls per sample that ran past their limit",
+    "agent/obs_token_frac": "multi-turn: fraction of response tokens that are tool observations",
+    "agent/finish_ratio": "multi-turn: fraction of samples that ended with an answer",
     "response_length/clip_ratio": "fraction of samples that hit max_response_length",
     "prompt_length/": "prompt tokens per sample (mean, max, min)",
     "rollout/actor_logprob_abs_diff": "mean |rollout log-prob - actor log-prob| over response "
@@ -161,13 +169,36 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
         ret, val = batch["returns"].float(), batch["values"].float()
         var_ret = masked_var(ret, mask)
         out["critic/vf_explained_var"] = float(1 - masked_var(ret - val, mask) / (var_ret + 1e-8))
-    lengths = mask.sum(-1)
+    lengths = response_tokens_mask(batch).sum(-1)  # every token, observations included
     out |= _stats("response_length", lengths)
     out["response_length/clip_ratio"] = float((lengths >= max_response_length).float().mean())
+    out |= agent_metrics(batch)
     if "prompts" in batch and "attention_mask" in batch:
         prompt_len = batch["prompts"].shape[1]
         out |= _stats("prompt_length", batch["attention_mask"][:, :prompt_len].sum(-1))
     return out
+
+
+def agent_metrics(batch: Batch) -> dict[str, float]:
+    """A multi-turn rollout's tool use (empty for a one-turn batch): turns and tool calls per
+    sample, the valid-call ratio, tool errors and timeouts per sample, the fraction of
+    response tokens that are observations, and the fraction that ended with an answer
+    (Search-R1's ``env/number_of_actions``, ``env/ratio_of_valid_action``,
+    ``env/finish_ratio``)."""
+    if "agent_turns" not in batch or len(batch) == 0:
+        return {}
+    col = {k: batch[k].double() for k in AGENT_KEYS}
+    calls = col["agent_tool_calls"].sum()
+    tokens = response_tokens_mask(batch).sum()
+    return {
+        "agent/turns/mean": float(col["agent_turns"].mean()),
+        "agent/tool_calls/mean": float(col["agent_tool_calls"].mean()),
+        "agent/valid_call_ratio": float(col["agent_valid_calls"].sum() / calls) if calls else 1.0,
+        "agent/tool_errors/mean": float(col["agent_tool_errors"].mean()),
+        "agent/tool_timeouts/mean": float(col["agent_tool_timeouts"].mean()),
+        "agent/obs_token_frac": float(col["agent_obs_tokens"].sum() / max(float(tokens), 1.0)),
+        "agent/finish_ratio": float(col["agent_answered"].mean()),
+    }
 
 
 def zero_spread_fraction(scores: torch.Tensor, uid) -> float | None:

@@ -130,6 +130,7 @@ class SFTTrainer:
             response_key=d.response_key,
             messages_key=d.messages_key,
             response_from_ground_truth=d.response_from_ground_truth,
+            mask_pattern=d.mask_pattern,
             max_length=d.max_length,
             truncation=d.truncation,
         )

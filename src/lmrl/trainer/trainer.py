@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from lmrl.algos import apply_kl_penalty, rollout_importance_weights
-from lmrl.batch import Batch
+from lmrl.batch import Batch, response_tokens_mask
 from lmrl.config import save_config
 from lmrl.config.schema import TrainerConfig
 from lmrl.errors import CheckpointError, WorkerError
@@ -253,7 +253,7 @@ class Trainer:
         prompts = tok.batch_decode(batch["prompts"], skip_special_tokens=True)
         responses = [
             tok.decode(ids[mask], skip_special_tokens=True)
-            for ids, mask in zip(batch["responses"], batch["response_mask"], strict=True)
+            for ids, mask in zip(batch["responses"], response_tokens_mask(batch), strict=True)
         ]
         scores = batch["token_level_scores"].sum(-1).tolist()
         return [

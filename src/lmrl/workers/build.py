@@ -20,7 +20,7 @@ from lmrl.config import Config
 from lmrl.models import apply_lora, build_reference, load_causal_lm
 from lmrl.models.critic import load_critic
 from lmrl.rollout import build_engine
-from lmrl.rollout.engines import engine_options
+from lmrl.rollout.engines import engine_options, with_tools
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
 from lmrl.workers.reference import ReferenceWorker
@@ -121,4 +121,5 @@ def build_workers(
             cfg.rollout.name, policy, tokenizer, seed=cfg.trainer.seed,
             **engine_options(cfg),
         )  # fmt: skip
+        engine = with_tools(cfg, engine, tokenizer)
     return Workers(policy=policy, actor=actor, critic=critic, reference=reference, engine=engine)

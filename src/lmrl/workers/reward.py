@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from lmrl.batch import Batch
+from lmrl.batch import Batch, last_true
 from lmrl.config import Config, ConfigError
 from lmrl.models.reward_model import RewardModel
 from lmrl.rewards import load_reward_fn, make_reward_manager
@@ -57,8 +57,7 @@ class RewardWorker:
             return result
         rm = self.model(batch)  # (B,)
         scores = result.token_level_scores.clone()
-        lengths = batch["response_mask"].long().sum(-1).to(scores.device)
-        last = (lengths - 1).clamp(min=0)
+        last = last_true(batch["response_mask"]).to(scores.device)
         rows = torch.arange(len(scores), device=scores.device)
         scores[rows, last] += self.coef * rm.to(scores.device, scores.dtype)
         extras = dict(result.extras) | {"rm_score": rm.double().numpy()}

@@ -29,6 +29,7 @@ from lmrl.rewards.scorers import (
     gsm8k,
     knights_knaves,
     math_boxed,
+    qa_em,
     small_tasks,
 )
 
@@ -53,6 +54,20 @@ _NAMES: tuple[tuple[tuple[str, ...], Scorer], ...] = (
     (("sort",), small_tasks.sort_score),
     (("add",), small_tasks.add_score),
     (("compare",), small_tasks.compare_score),
+    # Search-R1's QA sets, and our search_qa task: exact match on the <answer>
+    (
+        (
+            "search_qa",
+            "nq",
+            "triviaqa",
+            "popqa",
+            "hotpotqa",
+            "2wikimultihopqa",
+            "musique",
+            "bamboogle",
+        ),
+        qa_em.compute_score,
+    ),
 )
 SCORERS: Mapping[str, Scorer] = MappingProxyType(
     {name: fn for names, fn in _NAMES for name in names}

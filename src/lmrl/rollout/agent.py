@@ -1,0 +1,428 @@
+"""Multi-turn rollouts with tools (Search-R1): generate, call tools, append, continue.
+
+`AgentLoop` wraps any engine and is itself a `RolloutEngine`. For a batch of ``B * n`` rows:
+
+1. every active row samples until a tool's closing tag, the answer's closing tag, EOS, or its
+   token budget (``max_new_tokens`` counts all response tokens, observations included);
+2. the turn's text is parsed by the call format: an answer or EOS ends the row; a tool call
+   joins the turn's calls, which run together (`lmrl.tools.run_calls`, grouped per tool,
+   with a timeout); a closing tag around nothing valid gets an error observation;
+3. each observation is wrapped (``<information>...</information>`` for Search-R1), tokenized,
+   cut to ``max_obs_length`` tokens and to the row's remaining budget, and appended;
+4. repeat; after ``max_turns`` observations a row gets one last turn in which calls are not
+   run (its closing tag ends it), as Search-R1's final rollout.
+
+The KV cache is kept across turns: an engine with ``open_session`` (``hf``) appends each
+observation to the cache with one forward. Any other engine (``vllm``) is driven through
+`ReplaySession`, which re-sends each row's whole context every turn (vLLM's prefix cache
+then skips the recomputation).
+
+Output: the engine layout of `lmrl.rollout.base`, with the observations inside
+``responses`` in order; ``attention_mask`` is True on every real token; ``response_mask``
+is True on sampled tokens only when ``state_masking`` (Search-R1's ``info_mask``), on all
+real tokens otherwise; ``rollout_log_probs`` are 0 on observations. Per-row counters for the
+metrics: ``agent_turns``, ``agent_tool_calls``, ``agent_valid_calls``, ``agent_tool_errors``,
+``agent_tool_timeouts``, ``agent_obs_tokens``, ``agent_answered`` (float tensors (B*n,)).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from lmrl.batch import Batch
+from lmrl.rollout.base import (
+    CallSeeds,
+    RolloutEngine,
+    SamplingParams,
+    check_prompts,
+    finish_rollout,
+)
+from lmrl.tools.base import Tool
+from lmrl.tools.executor import ToolCall, ToolResult, run_calls
+
+__all__ = ["AGENT_KEYS", "FORMATS", "AgentLoop", "JsonFormat", "ReplaySession", "TagFormat"]
+
+AGENT_KEYS = (
+    "agent_turns",
+    "agent_tool_calls",
+    "agent_valid_calls",
+    "agent_tool_errors",
+    "agent_tool_timeouts",
+    "agent_obs_tokens",
+    "agent_answered",
+)
+
+
+# ---------------------------------------------------------------------------- formats
+class TagFormat:
+    """Search-R1's format: ``<search>query</search>``, ``<python>code</python>``; the answer
+    in ``<answer>...</answer>``; observations as ``<information>...</information>``.
+
+    A tag's text fills the tool's main argument (`Tool.main_argument`).
+    """
+
+    name = "search_r1"
+
+    def __init__(self, answer_tag: str = "answer", observation_tag: str = "information"):
+        self.answer_tag, self.observation_tag = answer_tag, observation_tag
+
+    def stops(self, tools: Mapping[str, Tool]) -> list[str]:
+        return [f"</{name}>" for name in tools] + [f"</{self.answer_tag}>"]
+
+    def parse(self, text: str, tools: Mapping[str, Tool]) -> ToolCall | ToolResult | None:
+        """The turn's call, an invalid-call result, or None (an answer / no call: it ends)."""
+        stripped = text.rstrip()
+        if stripped.endswith(f"</{self.answer_tag}>"):
+            return None
+        for name, tool in tools.items():
+            close = f"</{name}>"
+            if close in text:
+                pattern = rf"<{re.escape(name)}>(.*?){re.escape(close)}"
+                matches = re.findall(pattern, text, re.S)
+                body = matches[-1].strip() if matches else ""
+                if not body:
+                    return ToolResult(
+                        f"Error: invalid call; write <{name}>...</{name}> with the "
+                        f"{tool.main_argument or 'input'} inside, or give the final answer in "
+                        f"<{self.answer_tag}>...</{self.answer_tag}>",
+                        "invalid",
+                    )
+                return ToolCall(name, {tool.main_argument or "input": body})
+        return None
+
+    def observation(self, text: str) -> str:
+        tag = self.observation_tag
+        return f"\n\n<{tag}>{text.strip()}</{tag}>\n\n"
+
+
+class JsonFormat:
+    """Hermes/Qwen tool calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``;
+    the answer in ``<answer>...</answer>``; observations as ``<tool_response>...``."""
+
+    name = "json"
+
+    def __init__(self, answer_tag: str = "answer"):
+        self.answer_tag = answer_tag
+
+    def stops(self, tools: Mapping[str, Tool]) -> list[str]:
+        return ["</tool_call>", f"</{self.answer_tag}>"]
+
+    def parse(self, text: str, tools: Mapping[str, Tool]) -> ToolCall | ToolResult | None:
+        if text.rstrip().endswith(f"</{self.answer_tag}>") or "</tool_call>" not in text:
+            return None
+        matches = re.findall(r"<tool_call>(.*?)</tool_call>", text, re.S)
+        try:
+            call = json.loads(matches[-1]) if matches else None
+        except json.JSONDecodeError:
+            call = None
+        if (
+            not isinstance(call, dict)
+            or not isinstance(call.get("name"), str)
+            or not isinstance(call.get("arguments", {}), dict)
+        ):
+            return ToolResult(
+                'Error: invalid call; write <tool_call>{"name": ..., "arguments": {...}}'
+                "</tool_call>",
+                "invalid",
+            )
+        return ToolCall(call["name"], call.get("arguments", {}))
+
+    def observation(self, text: str) -> str:
+        return f"\n<tool_response>\n{text.strip()}\n</tool_response>\n"
+
+
+FORMATS = {"search_r1": TagFormat, "tags": TagFormat, "json": JsonFormat}
+
+
+# ---------------------------------------------------------------------------- sessions
+class ReplaySession:
+    """A session for engines without one of their own: each turn re-sends every asked row's
+    whole context (prompt and response so far) as a prompt of ``engine.generate``.
+
+    vLLM's prefix caching makes the re-sent prefix cost nothing to recompute. Each turn
+    samples with a seed of its own derived from the call's, so a seeded rollout repeats.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        prompts: Batch,
+        n: int,
+        sampling: SamplingParams,
+        prompt_offset: int = 0,
+        rows: torch.Tensor | None = None,
+    ) -> None:
+        input_ids, mask = check_prompts(prompts, n)
+        prompt_of = torch.arange(len(prompts)).repeat_interleave(n)
+        rows = torch.arange(len(prompt_of)) if rows is None else rows
+        self.contexts = [input_ids[p][mask[p]].tolist() for p in prompt_of[rows].tolist()]
+        self.engine, self.sampling = engine, sampling
+        self.offset = prompt_offset * n + int(rows[0]) if len(rows) else prompt_offset * n
+        self.turn = 0
+        self.eos = set(getattr(engine, "eos_ids", []))
+        self.pad = int(getattr(engine, "pad_id", 0))
+        self.tokenizer = getattr(engine, "tokenizer", None)
+
+    def generate(
+        self, rows: torch.Tensor, stop: Sequence[str], budget: torch.Tensor
+    ) -> list[tuple[list[int], list[float], str]]:
+        out: list[tuple[list[int], list[float], str]] = [([], [], "")] * len(self.contexts)
+        asked = [r for r in rows.nonzero().flatten().tolist() if int(budget[r]) > 0]
+        if not asked:
+            return out
+        width = max(len(self.contexts[r]) for r in asked)
+        ids = torch.full((len(asked), width), self.pad, dtype=torch.long)
+        mask = torch.zeros(len(asked), width, dtype=torch.bool)
+        for i, r in enumerate(asked):
+            ids[i, width - len(self.contexts[r]) :] = torch.tensor(self.contexts[r])
+            mask[i, width - len(self.contexts[r]) :] = True
+        seed = self.sampling.seed
+        sampling = replace(
+            self.sampling,
+            stop=list(dict.fromkeys([*self.sampling.stop, *stop])),
+            max_new_tokens=max(int(budget[r]) for r in asked),
+            seed=None if seed is None else (seed * 1_000_003 + self.turn) % 2**62,
+        )
+        self.turn += 1
+        result = self.engine.generate(
+            Batch({"input_ids": ids, "attention_mask": mask}),
+            1,
+            sampling,
+            prompt_offset=self.offset,
+        )
+        for i, r in enumerate(asked):
+            m = result["response_mask"][i].bool()
+            tokens = result["responses"][i][m].tolist()[: int(budget[r])]
+            lps = result["rollout_log_probs"][i][m].tolist()[: len(tokens)]
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else ""
+            if tokens and tokens[-1] in self.eos:
+                reason = "eos"
+            elif stop and any(s in text for s in stop):
+                reason = "stop"
+            else:
+                reason = "length"
+            out[r] = (tokens, lps, reason)
+        return out
+
+    def append(self, observations: Mapping[int, Sequence[int]]) -> None:
+        for r, obs in observations.items():
+            self.contexts[r].extend(int(t) for t in obs)
+
+    def record(self, row: int, tokens: Sequence[int]) -> None:
+        """Add a row's sampled tokens to its context (the loop calls it every turn)."""
+        self.contexts[row].extend(int(t) for t in tokens)
+
+    def close(self) -> None:
+        self.contexts = []
+
+
+# ---------------------------------------------------------------------------- the loop
+@dataclass
+class _Row:
+    tokens: list[int]
+    sampled: list[bool]
+    log_probs: list[float]
+    turns: int = 0
+    calls: int = 0
+    valid: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    obs_tokens: int = 0
+    answered: bool = False
+    done: bool = False
+
+
+class AgentLoop(RolloutEngine):
+    """Multi-turn tool-use rollouts over an engine (see the module docstring).
+
+    Args:
+        engine: the generation engine (``hf`` keeps its KV cache across turns).
+        tools: name -> `Tool`.
+        tokenizer: decodes turns and tokenizes observations.
+        max_turns: most tool observations per sample (then one last turn without tools).
+        format: ``search_r1`` (tags) or ``json``, or a format object.
+        state_masking: observations are False in ``response_mask`` (not trained).
+        max_obs_length: most tokens of one observation (the head is kept); None = no limit.
+        tool_timeout_s: wall-clock limit of one tool's calls in a turn.
+        tool_workers: tools run at once.
+    """
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        tools: Mapping[str, Tool],
+        tokenizer,
+        max_turns: int = 4,
+        format: str | TagFormat | JsonFormat = "search_r1",
+        state_masking: bool = True,
+        max_obs_length: int | None = None,
+        tool_timeout_s: float = 30.0,
+        tool_workers: int = 4,
+    ) -> None:
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 0:
+            raise ValueError(f"max_turns must be an int >= 0, got {max_turns!r}")
+        if max_obs_length is not None and max_obs_length < 1:
+            raise ValueError(f"max_obs_length must be >= 1 or None, got {max_obs_length}")
+        if isinstance(format, str):
+            if format not in FORMATS:
+                raise ValueError(f"unknown tool-call format {format!r}; known: {sorted(FORMATS)}")
+            format = FORMATS[format]()
+        self.engine, self.tools, self.tokenizer = engine, dict(tools), tokenizer
+        self.max_turns, self.format = max_turns, format
+        self.state_masking, self.max_obs_length = state_masking, max_obs_length
+        self.tool_timeout_s, self.tool_workers = tool_timeout_s, tool_workers
+        self.shares_weights = getattr(engine, "shares_weights", True)
+        self.pad_id = getattr(engine, "pad_id", 0)
+        self._seeds = CallSeeds(None)  # for unseeded calls of an engine without its own
+        self.eos_ids = getattr(engine, "eos_ids", [])
+
+    def sync_weights(self, state_dict) -> None:
+        self.engine.sync_weights(state_dict)
+
+    def close(self) -> None:
+        """Close the tools (and the wrapped engine, when it can be closed)."""
+        for tool in self.tools.values():
+            tool.close()
+        close = getattr(self.engine, "close", None)
+        if callable(close):
+            close()
+
+    def _session(self, prompts: Batch, n: int, sampling: SamplingParams, offset: int, rows):
+        opener = getattr(self.engine, "open_session", None)
+        if callable(opener):
+            return opener(prompts, n, sampling, prompt_offset=offset, rows=rows)
+        return ReplaySession(self.engine, prompts, n, sampling, offset, rows=rows)
+
+    def generate(
+        self,
+        prompts: Batch,
+        n: int = 1,
+        sampling: SamplingParams | None = None,
+        *,
+        prompt_offset: int = 0,
+    ) -> Batch:
+        sampling = sampling or SamplingParams()
+        check_prompts(prompts, n)
+        count = len(prompts) * n
+        # the engine's micro-batch bounds the rows (and so the KV cache) of one session
+        size = getattr(self.engine, "micro_batch_size", None) or count
+        if sampling.seed is None:  # one seed for every chunk: a chunk's draws are its rows'
+            seeds = getattr(self.engine, "seeds", None) or self._seeds
+            sampling = replace(sampling, seed=seeds.for_call(sampling))
+        rows: list[_Row] = []
+        for start in range(0, count, size):
+            chunk = torch.arange(start, min(start + size, count))
+            session = self._session(prompts, n, sampling, prompt_offset, chunk)
+            try:
+                rows += self._run(session, len(chunk), sampling)
+            finally:
+                session.close()
+        return self._assemble(prompts, n, rows, sampling.logprob_temperature)
+
+    def _run(self, session, count: int, sampling: SamplingParams) -> list[_Row]:
+        rows = [_Row([], [], []) for _ in range(count)]
+        budget = sampling.max_new_tokens
+        stops = list(dict.fromkeys([*self.format.stops(self.tools), *sampling.stop]))
+        replay = isinstance(session, ReplaySession)
+        for turn in range(self.max_turns + 1):
+            active = [i for i, row in enumerate(rows) if not row.done]
+            if not active:
+                break
+            asked = torch.zeros(count, dtype=torch.bool)
+            asked[active] = True
+            left = torch.tensor([budget - len(row.tokens) for row in rows])
+            outs = session.generate(asked, stops, left)
+            calls: list[ToolCall | ToolResult] = []
+            callers: list[int] = []
+            for i in active:
+                row, (tokens, lps, reason) = rows[i], outs[i]
+                row.tokens += tokens
+                row.sampled += [True] * len(tokens)
+                row.log_probs += lps
+                row.turns += 1
+                if replay:
+                    session.record(i, tokens)
+                if reason != "stop" or len(row.tokens) >= budget:
+                    row.done = True
+                    row.answered = reason == "stop" and self._answered(tokens)
+                    continue
+                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                call = self.format.parse(text, self.tools)
+                if call is None or turn == self.max_turns:
+                    row.done = True
+                    row.answered = call is None and self._answered(tokens)
+                    continue
+                calls.append(call)
+                callers.append(i)
+            if not calls:
+                continue
+            results = run_calls(calls, self.tools, self.tool_timeout_s, self.tool_workers)
+            observations = {}
+            for i, result in zip(callers, results, strict=True):
+                row = rows[i]
+                row.calls += 1
+                row.valid += result.status in ("ok", "error", "timeout")
+                row.errors += result.status == "error"
+                row.timeouts += result.status == "timeout"
+                ids = self.tokenizer.encode(
+                    self.format.observation(result.text), add_special_tokens=False
+                )
+                if self.max_obs_length is not None:
+                    ids = ids[: self.max_obs_length]
+                ids = ids[: budget - len(row.tokens)]
+                row.tokens += ids
+                row.sampled += [False] * len(ids)
+                row.log_probs += [0.0] * len(ids)
+                row.obs_tokens += len(ids)
+                if len(row.tokens) >= budget:
+                    row.done = True  # no room left to answer
+                else:
+                    observations[i] = ids
+            session.append(observations)
+        return rows
+
+    def _answered(self, tokens: Sequence[int]) -> bool:
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True).rstrip()
+        return text.endswith(f"</{self.format.answer_tag}>")
+
+    def _assemble(self, prompts: Batch, n: int, rows: list[_Row], temperature: float) -> Batch:
+        width = max(1, max(len(row.tokens) for row in rows))
+        count = len(rows)
+        responses = torch.full((count, width), int(self.pad_id), dtype=torch.long)
+        real = torch.zeros(count, width, dtype=torch.bool)
+        sampled = torch.zeros(count, width, dtype=torch.bool)
+        log_probs = torch.zeros(count, width, dtype=torch.float32)
+        for i, row in enumerate(rows):
+            k = len(row.tokens)
+            if k:
+                responses[i, :k] = torch.tensor(row.tokens, dtype=torch.long)
+                real[i, :k] = True
+                sampled[i, :k] = torch.tensor(row.sampled)
+                log_probs[i, :k] = torch.tensor(row.log_probs, dtype=torch.float32)
+        response_mask = sampled if self.state_masking else real
+        device = prompts["input_ids"].device
+        out = finish_rollout(
+            prompts,
+            n,
+            responses.to(device),
+            response_mask.to(device),
+            log_probs.to(device),
+            temperature,
+            response_attention=real.to(device),
+        )
+        stats = np.array(
+            [
+                [r.turns, r.calls, r.valid, r.errors, r.timeouts, r.obs_tokens, r.answered]
+                for r in rows
+            ],
+            dtype=np.float32,
+        )
+        for j, key in enumerate(AGENT_KEYS):
+            out[key] = torch.from_numpy(stats[:, j].copy()).to(device)
+        return out

@@ -1,0 +1,106 @@
+"""Running one turn's tool calls together, each with a timeout.
+
+The agent loop collects every row's call of a turn and hands them here at once. Calls are
+grouped by tool; a tool gets its calls in one `Tool.call_batch` (the search tool scores all
+queries in one pass), and the groups run side by side on a small thread pool. A group that
+runs past ``timeout_s`` gives every one of its calls a ``timeout`` result and the turn goes
+on (its thread is abandoned; the built-in ``python`` tool enforces its own limit inside a
+process it kills, so nothing of it keeps running). A tool that raises gives an ``error``
+result whose text the policy sees as ``Error: <message>``; nothing a tool does ends the run.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lmrl.tools.base import Tool, ToolError
+
+__all__ = ["ToolCall", "ToolResult", "run_calls"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: the tool's name and its arguments."""
+
+    name: str
+    arguments: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A call's observation text and how it ended: ``ok``, ``error``, ``timeout`` or
+    ``invalid`` (no such tool, or a call the format could not parse)."""
+
+    text: str
+    status: str = "ok"
+
+
+def _error_text(err: BaseException) -> str:
+    if isinstance(err, ToolError):
+        return f"Error: {err}"
+    return f"Error: {type(err).__name__}: {err}"
+
+
+def run_calls(
+    calls: Sequence[ToolCall | ToolResult],
+    tools: Mapping[str, Tool],
+    timeout_s: float = 30.0,
+    max_workers: int = 4,
+) -> list[ToolResult]:
+    """Run a turn's calls; one `ToolResult` per call, in order.
+
+    Args:
+        calls: parsed calls, or an already-made `ToolResult` (a call the format rejected)
+            passed through as is.
+        tools: name -> tool.
+        timeout_s: wall-clock limit of each tool's group of calls.
+        max_workers: tools run at the same time.
+    """
+    results: list[ToolResult | None] = [None] * len(calls)
+    groups: dict[str, list[int]] = {}
+    for i, call in enumerate(calls):
+        if isinstance(call, ToolResult):
+            results[i] = call
+        elif call.name not in tools:
+            known = ", ".join(sorted(tools)) or "none"
+            results[i] = ToolResult(
+                f"Error: no tool named {call.name!r} (tools: {known})", "invalid"
+            )
+        else:
+            groups.setdefault(call.name, []).append(i)
+    if not groups:
+        return [r for r in results if r is not None]
+
+    def run_group(name: str, idx: list[int]) -> list[str | BaseException]:
+        return tools[name].call_batch([calls[i].arguments for i in idx])
+
+    pool = cf.ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(groups))))
+    try:
+        futures = {pool.submit(run_group, name, idx): idx for name, idx in groups.items()}
+        done, late = cf.wait(futures, timeout=timeout_s)
+        for future in done:
+            idx = futures[future]
+            try:
+                outs = future.result()
+            except Exception as err:  # call_batch itself failed: every call of the group
+                outs = [err] * len(idx)
+            if len(outs) != len(idx):
+                outs = [RuntimeError(f"tool answered {len(outs)} of {len(idx)} calls")] * len(idx)
+            for i, out in zip(idx, outs, strict=True):
+                if isinstance(out, BaseException):
+                    results[i] = ToolResult(_error_text(out), "error")
+                else:
+                    results[i] = ToolResult(out if isinstance(out, str) else str(out))
+        for future in late:
+            for i in futures[future]:
+                name = calls[i].name
+                results[i] = ToolResult(
+                    f"Error: the {name} tool timed out after {timeout_s:g} s", "timeout"
+                )
+    finally:
+        # never wait for an abandoned call; its thread ends on its own
+        pool.shutdown(wait=False, cancel_futures=True)
+    return [r for r in results if r is not None]

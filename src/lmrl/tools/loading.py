@@ -1,0 +1,87 @@
+"""Making a run's tools by name: the built-ins, or functions and tools from a user's file.
+
+``rollout.multi_turn.tools`` lists the names; ``rollout.multi_turn.tool_path`` is a Python
+file (like ``custom_reward_function.path``) where a name that is not built in is looked up.
+There a name may be a `Tool` instance, a `Tool` subclass (made with no arguments), or a plain
+typed function with a docstring (`function_tool`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from lmrl._userfile import UserFileError, import_user_file
+from lmrl.errors import ToolLoadError
+from lmrl.tools.base import Tool, function_tool
+from lmrl.tools.python import PythonTool
+from lmrl.tools.search import SearchTool
+
+__all__ = ["BUILTIN_TOOLS", "load_tools"]
+
+# name -> factory taking that tool's options as keyword arguments
+BUILTIN_TOOLS: dict[str, Callable[..., Tool]] = {"search": SearchTool, "python": PythonTool}
+
+
+def _import_file(path: str | Path) -> Any:
+    try:
+        return import_user_file(path, "lmrl_user_tools")
+    except UserFileError as err:
+        if str(err).startswith("failed"):
+            raise ToolLoadError(f"importing the tool file {str(path)!r} {err}") from err.__cause__
+        raise ToolLoadError(f"rollout.multi_turn.tool_path {str(path)!r} {err}") from None
+
+
+def load_tools(
+    names: Sequence[str],
+    tool_path: str | Path | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Tool]:
+    """Make the named tools.
+
+    Args:
+        names: tool names; a built-in (``search``, ``python``) unless ``tool_path`` defines
+            the name, which then wins.
+        tool_path: a Python file of user tools.
+        options: built-in name -> its keyword arguments (``search``: ``corpus``, ``url``,
+            ``topk``; ``python``: ``timeout_s``, ``memory_mb``...).
+
+    Returns:
+        name -> tool, in the order of ``names``.
+
+    Raises:
+        ToolLoadError: an unknown name, a duplicate, a file that fails, a built-in whose
+            options are wrong (the message says which tool and why).
+    """
+    options = options or {}
+    module = _import_file(tool_path) if tool_path else None
+    tools: dict[str, Tool] = {}
+    for name in names:
+        if name in tools:
+            raise ToolLoadError(f"rollout.multi_turn.tools lists {name!r} twice")
+        found = getattr(module, name, None) if module is not None else None
+        if found is not None:
+            try:
+                if inspect.isclass(found) and issubclass(found, Tool):
+                    found = found()
+                tool = function_tool(found, name)
+            except (ValueError, TypeError) as err:
+                raise ToolLoadError(f"tool {name!r} in {tool_path}: {err}") from None
+        elif name in BUILTIN_TOOLS:
+            try:
+                tool = BUILTIN_TOOLS[name](**dict(options.get(name, {})))
+            except (ValueError, TypeError) as err:
+                raise ToolLoadError(f"the {name} tool: {err}") from None
+        else:
+            where = f" nor defined in {tool_path}" if tool_path else ""
+            hint = (
+                "" if tool_path else "; define it in a file given as rollout.multi_turn.tool_path"
+            )
+            raise ToolLoadError(
+                f"unknown tool {name!r}: not built in ({', '.join(BUILTIN_TOOLS)}){where}{hint}"
+            )
+        tool.name = name
+        tools[name] = tool
+    return tools

@@ -1,0 +1,258 @@
+"""Multi-turn training runs: the step with tools, its metrics, exact resume, bad tool input,
+and Search-R1's command line as written (seed 003)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmrl.batch import response_tokens_mask
+from lmrl.cli import main as cli_main
+from lmrl.config import ConfigError, load_config
+from lmrl.trainer import Trainer, build_run
+
+FAULT_RUNNER = Path(__file__).with_name("fault_run.py")
+STEPS = 4
+
+
+def agent_args(root: Path, run: str, *extra: str) -> list[str]:
+    """GRPO with the search tool over the task's corpus; the model calls it every few tokens
+    (``build_search_caller``)."""
+    return [
+        f"model.path={root / 'model'}",
+        f"data.train_files={root / 'data' / 'train.parquet'}",
+        f"data.val_files={root / 'data' / 'test.parquet'}",
+        "data.max_prompt_length=64", "data.max_response_length=96",
+        "data.train_batch_size=4", "rollout.n=2",
+        "actor.ppo_mini_batch_size=2", "actor.optim.lr=1e-2",
+        "algorithm.adv_estimator=grpo", "actor.use_kl_loss=true",
+        "rollout.multi_turn.enable=true", "rollout.multi_turn.max_turns=2",
+        "rollout.multi_turn.max_obs_length=40",
+        f"retriever.corpus={root / 'data' / 'corpus.parquet'}", "retriever.topk=1",
+        "model.enable_gradient_checkpointing=false", "trainer.device=cpu",
+        f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.logger=[]",
+        f"trainer.default_local_dir={root / run}", "reward.num_workers=0",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_a_multi_turn_step_trains_on_sampled_tokens_and_logs_tool_use(search_workspace, tmp_path):
+    cfg = load_config(None, agent_args(search_workspace, "one", "trainer.total_training_steps=1"))
+    cfg.trainer.default_local_dir = str(tmp_path / "one")
+    trainer = Trainer(build_run(cfg), cfg.trainer)
+    try:
+        trainer.start()
+        metrics = trainer.step()
+    finally:
+        trainer.close()
+    batch = trainer.last_batch
+    read, trained = response_tokens_mask(batch), batch["response_mask"]
+    assert (trained & ~read).sum() == 0 and (read & ~trained).any()  # observations not trained
+    observations = read & ~trained
+    assert (batch["advantages"][observations] == 0).all()  # what they read is not trained
+    assert (batch["rollout_log_probs"][observations] == 0).all()
+    assert metrics["agent/tool_calls/mean"] > 0.5
+    assert 0 < metrics["agent/obs_token_frac"] < 1
+    assert metrics["agent/turns/mean"] >= 2
+    for key in ("agent/valid_call_ratio", "agent/finish_ratio", "agent/tool_errors/mean"):
+        assert math.isfinite(metrics[key]), key
+    # the reward manager decoded the observations too, and scored the last sampled token
+    assert metrics["response_length/mean"] == pytest.approx(read.sum(-1).float().mean().item())
+
+
+def run(overrides: list[str], fault: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    args = [sys.executable, "-m", "lmrl.cli", "train", *overrides]
+    if fault:
+        args = [sys.executable, str(FAULT_RUNNER), fault, *overrides]
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_a_multi_turn_run_killed_mid_step_resumes_bitwise_exact(search_workspace, tmp_path):
+    """The tools are deterministic (BM25 rebuilt from the corpus; python runs with a fixed hash
+    seed), so a run SIGKILLed in its 3rd rollout resumes to the uninterrupted run's weights."""
+    root = tmp_path
+    for name in ("model", "data"):
+        (root / name).symlink_to(search_workspace / name)
+    whole = run(agent_args(root, "whole"))
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    killed = run(agent_args(root, "killed"), fault="gen@3")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    resumed = run(agent_args(root, "killed"))
+    assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-2000:]
+    expected = load_file(root / "whole" / f"global_step_{STEPS}" / "actor.safetensors")
+    actual = load_file(root / "killed" / f"global_step_{STEPS}" / "actor.safetensors")
+    for key in expected:
+        assert torch.equal(expected[key], actual[key]), key
+    lines = [json.loads(line) for line in (root / "killed" / "metrics.jsonl").open()]
+    assert [m["step"] for m in lines if "agent/tool_calls/mean" in m] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["retriever.corpus=null"], "exactly one of retriever.corpus"),
+        (["retriever.corpus=/nowhere/corpus.parquet"], "retriever.corpus=/nowhere"),
+        (["rollout.multi_turn.tools=[]"], "with no tools"),
+        (["rollout.multi_turn.tools=[search,nope]"], "unknown tool 'nope'"),
+        (["rollout.multi_turn.tool_path=/nowhere/tools.py"], "tool_path=/nowhere"),
+        (["rollout.multi_turn.max_turns=-1"], "max_turns=-1"),
+        (["rollout.multi_turn.format=xml"], "rollout.multi_turn.format"),
+        (["algorithm.no_think_rl=true"], "no-think ablation"),
+    ],
+)
+def test_bad_tool_settings_are_one_line_errors(search_workspace, tmp_path, capsys, extra, message):
+    code = cli_main(["train", *agent_args(search_workspace, str(tmp_path / "bad")), *extra])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert message in err and "Traceback" not in err
+
+
+def test_a_tool_file_that_fails_to_import_is_a_clear_error(search_workspace, tmp_path, capsys):
+    broken = tmp_path / "tools.py"
+    broken.write_text("raise RuntimeError('half-written file')\n")
+    args = agent_args(search_workspace, str(tmp_path / "run"), f"rollout.multi_turn.tool_path={broken}",
+                      "rollout.multi_turn.tools=[search]")  # fmt: skip
+    code = cli_main(["train", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and "importing the tool file" in err and "half-written" in err
+    assert "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------- Search-R1
+class _Retrieval(BaseHTTPRequestHandler):
+    """Search-R1's retrieval server, answering from our BM25 tool over the task's corpus."""
+
+    tool = None
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        hits = self.tool.retrieve(body["queries"])
+        result = [
+            [{"document": {"contents": f"{p['title']}\n{p['text']}"}, "score": 1.0} for p in h]
+            for h in hits
+        ]
+        data = json.dumps({"result": result}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def search_r1_command_line(root: Path, url: str) -> list[str]:
+    """Seed 003 §2.2's Search-R1 configuration, every line as written but the engine
+    (``rollout.name=vllm`` -> ``hf``: no vLLM on a CPU), then the local paths, sizes and the
+    retrieval server its training script adds (``max_turns``, ``retriever.url``...)."""
+    return textwrap.dedent(f"""
+        algorithm.adv_estimator=grpo
+        actor_rollout_ref.model.path={root}/model
+        actor_rollout_ref.model.enable_gradient_checkpointing=true
+        actor_rollout_ref.model.use_remove_padding=True
+        actor_rollout_ref.actor.optim.lr=1e-6
+        actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.285
+        actor_rollout_ref.actor.use_kl_loss=true
+        actor_rollout_ref.actor.ppo_mini_batch_size=256
+        actor_rollout_ref.actor.ppo_micro_batch_size=64
+        actor_rollout_ref.actor.fsdp_config.param_offload=true
+        actor_rollout_ref.actor.fsdp_config.grad_offload=true
+        actor_rollout_ref.actor.fsdp_config.optimizer_offload=true
+        actor_rollout_ref.rollout.log_prob_micro_batch_size=128
+        actor_rollout_ref.rollout.tensor_model_parallel_size=1
+        actor_rollout_ref.rollout.name=hf
+        actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+        actor_rollout_ref.ref.log_prob_micro_batch_size=128
+        actor_rollout_ref.ref.fsdp_config.param_offload=True
+        actor_rollout_ref.actor.kl_loss_coef=0.001
+        actor_rollout_ref.actor.kl_loss_type=low_var_kl
+        algorithm.no_think_rl=false
+        actor_rollout_ref.rollout.n_agent=5
+        actor_rollout_ref.rollout.temperature=1
+        actor_rollout_ref.actor.state_masking=true
+        trainer.logger=['wandb']
+        data.train_files={root}/data/train.parquet
+        data.val_files={root}/data/test.parquet
+        data.train_batch_size=256
+        data.max_prompt_length=64
+        data.max_response_length=64
+        data.max_obs_length=32
+        do_search=true
+        max_turns=2
+        retriever.url={url}
+        retriever.topk=3
+        trainer.total_training_steps=2
+        trainer.default_local_dir={root}/run
+        trainer.device=cpu
+    """).split()
+
+
+@pytest.mark.slow
+def test_search_r1_command_line_runs_as_written(tmp_path, capsys, monkeypatch, search_caller):
+    """256 prompts x n_agent 5 per step, k3 KL loss, state masking, a retrieval server."""
+    from lmrl.data.tasks import write_task
+    from lmrl.tools import SearchTool
+
+    monkeypatch.setenv("WANDB_MODE", "")
+    monkeypatch.delenv("WANDB_MODE")  # unset: the tracker runs W&B offline (no account)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    pytest.importorskip("wandb")
+    search_caller(tmp_path / "model")
+    paths = write_task("search_qa", tmp_path / "data", seed=0, num_train=256, num_test=8)
+    _Retrieval.tool = SearchTool(paths["corpus"], topk=3)
+    server = HTTPServer(("127.0.0.1", 0), _Retrieval)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/retrieve"
+        args = search_r1_command_line(tmp_path, url)
+        cfg = load_config(None, args)
+        assert cfg.rollout.n == 5 and cfg.actor.state_masking and cfg.rollout.multi_turn.enable
+        assert (cfg.retriever.url, cfg.retriever.topk) == (url, 3)
+        assert (cfg.rollout.multi_turn.max_turns, cfg.rollout.multi_turn.max_obs_length) == (2, 32)
+        assert cfg.actor.kl_loss_type == "low_var_kl"
+        code = cli_main(["train", *args])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0, capsys.readouterr().err[-3000:]
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    trained = [m for m in lines if "actor/kl_loss" in m]
+    assert [m["step"] for m in trained] == [1, 2]
+    assert all(m["agent/tool_calls/mean"] > 0 for m in trained)
+    assert all(math.isfinite(m["actor/pg_loss"]) for m in trained)
+
+
+def test_search_r1_keys_translate(search_workspace):
+    paths = [
+        f"model.path={search_workspace / 'model'}",
+        f"data.train_files={search_workspace / 'data' / 'train.parquet'}",
+    ]
+    cfg = load_config(
+        None,
+        [
+            *paths,
+            "actor_rollout_ref.rollout.n_agent=5", "actor_rollout_ref.actor.state_masking=false",
+            "max_turns=3", "do_search=true", "retriever.url=http://127.0.0.1:1/retrieve",
+            "data.max_obs_length=100", "algorithm.no_think_rl=false",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4",
+        ],
+    )  # fmt: skip
+    assert cfg.rollout.n == 5 and not cfg.actor.state_masking
+    assert cfg.rollout.multi_turn.enable and cfg.rollout.multi_turn.max_turns == 4
+    assert cfg.rollout.multi_turn.max_obs_length == 100
+    with pytest.raises(ConfigError, match="tool_config_path"):
+        load_config(None, [*paths, "actor_rollout_ref.rollout.multi_turn.tool_config_path=/x.yaml"])
