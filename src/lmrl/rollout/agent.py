@@ -146,7 +146,9 @@ class ReplaySession:
     whole context (prompt and response so far) as a prompt of ``engine.generate``.
 
     vLLM's prefix caching makes the re-sent prefix cost nothing to recompute. Each turn
-    samples with a seed of its own derived from the call's, so a seeded rollout repeats.
+    samples with a seed of its own derived from the call's, so a seeded rollout repeats; the
+    rows still active in a turn are that call's prompts, so unlike `HFSession` a row's draws
+    depend on which rows are still active.
     """
 
     def __init__(
@@ -208,15 +210,12 @@ class ReplaySession:
             else:
                 reason = "length"
             out[r] = (tokens, lps, reason)
+            self.contexts[r].extend(tokens)  # the row's context goes on from its turn
         return out
 
     def append(self, observations: Mapping[int, Sequence[int]]) -> None:
         for r, obs in observations.items():
             self.contexts[r].extend(int(t) for t in obs)
-
-    def record(self, row: int, tokens: Sequence[int]) -> None:
-        """Add a row's sampled tokens to its context (the loop calls it every turn)."""
-        self.contexts[row].extend(int(t) for t in tokens)
 
     def close(self) -> None:
         self.contexts = []
@@ -329,7 +328,6 @@ class AgentLoop(RolloutEngine):
         rows = [_Row([], [], []) for _ in range(count)]
         budget = sampling.max_new_tokens
         stops = list(dict.fromkeys([*self.format.stops(self.tools), *sampling.stop]))
-        replay = isinstance(session, ReplaySession)
         for turn in range(self.max_turns + 1):
             active = [i for i, row in enumerate(rows) if not row.done]
             if not active:
@@ -346,8 +344,6 @@ class AgentLoop(RolloutEngine):
                 row.sampled += [True] * len(tokens)
                 row.log_probs += lps
                 row.turns += 1
-                if replay:
-                    session.record(i, tokens)
                 if reason != "stop" or len(row.tokens) >= budget:
                     row.done = True
                     row.answered = reason == "stop" and self._answered(tokens)

@@ -16,6 +16,7 @@ Both give the observation Search-R1 gives: ``Doc 1(Title: t) text`` lines, best 
 from __future__ import annotations
 
 import json
+import logging
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -124,6 +125,9 @@ class SearchTool(Tool):
     def _build_index(self) -> None:
         import bm25s
         from bm25s.tokenization import Tokenizer
+
+        # bm25s sets its logger to DEBUG on import, which prints a line per index built
+        logging.getLogger("bm25s").setLevel(logging.WARNING)
 
         self._tokenizer = Tokenizer(stopwords="en")
         texts = [f"{p['title']} {p['text']}" for p in self.passages]

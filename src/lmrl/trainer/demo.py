@@ -59,7 +59,7 @@ log = logging.getLogger("lmrl.demo")
 TASK = "digits"
 ACC_KEY = f"val/{TASK}/acc"
 SUMMARY_FILE = "demo.json"
-_DEMO_ENTRIES = {SUMMARY_FILE, "model", "data", "sft", "rl"}
+_DEMO_ENTRIES = {SUMMARY_FILE, "model", "data", "sft", "sft_recall", "rl"}
 
 SFT_CHECK_LOSS = 1.0  # measure accuracy after every step once the training loss is below this
 SFT_MAX_ACC = 0.5  # a check above this rolls back to the previous check's weights
@@ -229,6 +229,7 @@ def run_sft(
     check_every: int = 1,
     max_acc: float = SFT_MAX_ACC,
     mask_pattern: str | None = None,
+    stop_below: float | None = None,
 ) -> dict[str, Any]:
     """The warm start: SFT on ``data["sft"]`` until greedy accuracy on ``data["test"]``
     reaches ``target_acc`` (or ``max_steps``).
@@ -238,7 +239,9 @@ def run_sft(
     previous check are exported instead). ``data["sft"]`` holds verl RL rows (the response is the ground
     truth) or ``prompt``/``response`` rows; ``agent`` makes the accuracy check answer in turns
     with tools (see `GreedyAccuracy`); ``max_length`` bounds an example's tokens;
-    ``mask_pattern`` leaves what it matches untrained (``data.mask_pattern``).
+    ``mask_pattern`` leaves what it matches untrained (``data.mask_pattern``). With
+    ``stop_below`` the run goes the other way: it stops at the first check whose accuracy is
+    at most ``stop_below`` (``target_acc`` and ``max_acc`` unused).
 
     Returns:
         ``{"dir", "model", "steps", "acc", "seconds", "rolled_back"}``; ``model`` is the
@@ -282,6 +285,11 @@ def run_sft(
         if metrics["sft/loss"] >= check_loss or step % check_every:
             return False
         acc = metrics["sft/val_acc"] = accuracy()
+        if stop_below is not None:
+            state["acc"], state["stopped"] = acc, acc <= stop_below
+            if console:
+                print(f"step {step}: greedy validation accuracy {acc:.3f}", flush=True)
+            return state["stopped"]
         if acc > max_acc and state["previous"] is not None:
             trainer.model.load_state_dict(state["previous"])  # the last check's weights
             state["rolled_back"] = True
