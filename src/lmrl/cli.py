@@ -225,7 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_plot)
 
     p = sub.add_parser(
-        "demo", help="tiny model, digits task, SFT warm start, then GRPO on the CPU (~1 min)"
+        "demo",
+        help="tiny model, SFT warm start, then GRPO on the CPU: digits (~1 min) or "
+        "--task search (~5 min)",
     )
     p.add_argument("--task", choices=["digits", "search"], default="digits",
                    help="digits (reverse digits) or search (answer by searching a corpus, "
