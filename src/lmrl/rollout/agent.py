@@ -344,15 +344,14 @@ class AgentLoop(RolloutEngine):
                 row.sampled += [True] * len(tokens)
                 row.log_probs += lps
                 row.turns += 1
-                if reason != "stop" or len(row.tokens) >= budget:
-                    row.done = True
-                    row.answered = reason == "stop" and self._answered(tokens)
-                    continue
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+                answered = text.rstrip().endswith(f"</{self.format.answer_tag}>")
+                if reason != "stop" or len(row.tokens) >= budget:
+                    row.done, row.answered = True, reason == "stop" and answered
+                    continue
                 call = self.format.parse(text, self.tools)
                 if call is None or turn == self.max_turns:
-                    row.done = True
-                    row.answered = call is None and self._answered(tokens)
+                    row.done, row.answered = True, call is None and answered
                     continue
                 calls.append(call)
                 callers.append(i)
@@ -382,10 +381,6 @@ class AgentLoop(RolloutEngine):
                     observations[i] = ids
             session.append(observations)
         return rows
-
-    def _answered(self, tokens: Sequence[int]) -> bool:
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True).rstrip()
-        return text.endswith(f"</{self.format.answer_tag}>")
 
     def _assemble(self, prompts: Batch, n: int, rows: list[_Row], temperature: float) -> Batch:
         width = max(1, max(len(row.tokens) for row in rows))

@@ -248,7 +248,6 @@ class HFEngine(RolloutEngine):
         rows, prompt_len = input_ids.shape
         device = input_ids.device
         max_new = sampling.max_new_tokens
-        temperature = sampling.logprob_temperature
         if position_ids is None:
             position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
         next_pos = position_ids[:, -1] + 1  # (R,)
@@ -263,31 +262,23 @@ class HFEngine(RolloutEngine):
         stop_width = max((len(s) for s in sampling.stop), default=0) + 1
 
         cache = DynamicCache(config=self.model.config)
-        if first is not None and len(first) < rows:
-            logits = self._forward(
-                input_ids[first], full_mask[first, :prompt_len], position_ids[first], cache
-            )
-            cache.reorder_cache(inverse)  # (U, ...) -> (R, ...)
-            logits = logits[inverse]
-        else:
-            logits = self._forward(input_ids, full_mask[:, :prompt_len], position_ids, cache)
+        logits = self._prefill(
+            input_ids, full_mask[:, :prompt_len], position_ids, cache, first, inverse
+        )
         steps = 0
         for t in range(max_new):
-            scaled = logits / temperature
-            logp = torch.log_softmax(scaled, dim=-1)
-            if sampling.do_sample:
-                probs = _truncate(scaled, sampling.top_k, sampling.top_p).softmax(dim=-1)
-                token = _draw(probs, draws.uniform(t))
-            else:
-                token = logits.argmax(dim=-1)
+            token, token_logp = _pick(logits, sampling, draws, t)
             alive = ~finished
             token = token.masked_fill(finished, self.pad_id)
             responses[:, t] = token
             response_mask[:, t] = alive
-            log_probs[:, t] = logp.gather(1, token[:, None]).squeeze(1).masked_fill(finished, 0.0)
+            log_probs[:, t] = token_logp.masked_fill(finished, 0.0)
             finished = finished | torch.isin(token, eos)
             if sampling.stop:
-                finished = finished | self._hit_stop(responses, t, alive, sampling.stop, stop_width)
+                ends = torch.full((rows,), t + 1, dtype=torch.long, device=device)
+                finished = finished | _stop_hits(
+                    self.tokenizer, responses, ends, alive, sampling.stop, stop_width
+                )
             steps = t + 1
             if t + 1 == max_new or bool(finished.all()):
                 break
@@ -299,27 +290,72 @@ class HFEngine(RolloutEngine):
             )
         return responses[:, :steps], response_mask[:, :steps], log_probs[:, :steps]
 
-    def _hit_stop(
-        self, responses: torch.Tensor, t: int, alive: torch.Tensor, stop: list[str], width: int
+    def _prefill(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache,
+        first: torch.Tensor | None,
+        inverse: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Rows (alive at step ``t``) whose last ``width`` tokens' text contains a stop string.
+        """Run the prompts into ``cache``; their last logits (R, V). With ``first``/``inverse``
+        (rows sharing a prompt, `distinct_rows`) each distinct prompt runs once and its cache
+        and logits are gathered to its rows."""
+        if first is not None and len(first) < input_ids.shape[0]:
+            logits = self._forward(input_ids[first], mask[first], position_ids[first], cache)
+            cache.reorder_cache(inverse)  # (U, ...) -> (R, ...)
+            return logits[inverse]
+        return self._forward(input_ids, mask, position_ids, cache)
 
-        A stop string completed at step ``t`` ends in token ``t``, and every token decodes to
-        at least one character (or is a special token), so the last ``len(stop) + 1`` tokens
-        contain it; an earlier occurrence would have finished the row earlier.
-        """
-        idx = alive.nonzero().flatten()
-        hit = torch.zeros_like(alive)
-        if idx.numel() == 0:
-            return hit
-        tails = responses[idx, max(0, t + 1 - width) : t + 1].tolist()
-        texts = self.tokenizer.batch_decode(tails, skip_special_tokens=True)
-        found = [
-            i for i, text in zip(idx.tolist(), texts, strict=True) if any(s in text for s in stop)
-        ]
-        if found:
-            hit[torch.tensor(found, device=hit.device)] = True
+
+def _pick(
+    logits: torch.Tensor, sampling: SamplingParams, draws: Draws, t: int | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step's choice for every row of ``logits`` (R, V): the token (a counter-based
+    draw from the truncated, temperature-scaled distribution at step ``t``, or the argmax when
+    greedy) and its log-prob under the untruncated scaled distribution (``rollout_log_probs``).
+    Returns ``(token (R,), log_prob (R,))``."""
+    scaled = logits / sampling.logprob_temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    if sampling.do_sample:
+        probs = _truncate(scaled, sampling.top_k, sampling.top_p).softmax(dim=-1)
+        token = _draw(probs, draws.uniform(t))
+    else:
+        token = logits.argmax(dim=-1)
+    return token, logp.gather(1, token[:, None]).squeeze(1)
+
+
+def _stop_hits(
+    tokenizer,
+    tokens: torch.Tensor,
+    ends: torch.Tensor,
+    rows: torch.Tensor,
+    stop: Sequence[str],
+    width: int,
+) -> torch.Tensor:
+    """bool (R,): the ``rows`` whose last ``width`` tokens before ``ends`` decode to a text
+    holding a stop string.
+
+    A stop string completed by a row's newest token ends in it, and every token decodes to at
+    least one character (or is a special token), so the last ``len(stop) + 1`` tokens hold
+    it; an earlier occurrence would have stopped the row earlier.
+
+    Args:
+        tokens: (R, L) each row's tokens so far; ``ends`` (R,) how many are its.
+        rows: bool (R,), the rows to check.
+    """
+    idx = rows.nonzero().flatten().tolist()
+    hit = torch.zeros_like(rows)
+    if not idx:
         return hit
+    ends_list = ends.tolist()
+    tails = [tokens[r, max(0, ends_list[r] - width) : ends_list[r]].tolist() for r in idx]
+    texts = tokenizer.batch_decode(tails, skip_special_tokens=True)
+    found = [r for r, text in zip(idx, texts, strict=True) if any(s in text for s in stop)]
+    if found:
+        hit[torch.tensor(found, device=hit.device)] = True
+    return hit
 
 
 class HFSession:
@@ -372,16 +408,10 @@ class HFSession:
         self.has_pending = torch.zeros(self.rows, dtype=torch.bool, device=device)
         self.count = torch.zeros(self.rows, dtype=torch.long, device=device)
         self.eos = torch.tensor(engine.eos_ids, dtype=torch.long, device=device)
-        first, inverse = distinct_rows(input_ids)
         with torch.inference_mode():
-            if len(first) < self.rows:
-                logits = engine._forward(
-                    input_ids[first], self.attn[first], position_ids[first], self.cache
-                )
-                self.cache.reorder_cache(inverse)
-                self.last_logits = logits[inverse]
-            else:
-                self.last_logits = engine._forward(input_ids, self.attn, position_ids, self.cache)
+            self.last_logits = engine._prefill(
+                input_ids, self.attn, position_ids, self.cache, *distinct_rows(input_ids)
+            )
 
     def close(self) -> None:
         """Free the cache and restore the model's train/eval flags."""
@@ -409,15 +439,16 @@ class HFSession:
             For every row (empty for rows not asked): this turn's tokens, their log-probs
             (temperature-scaled, untruncated, as ``rollout_log_probs``), and why it ended.
         """
-        sampling, engine = self.sampling, self.engine
-        temperature = sampling.logprob_temperature
-        running = rows.to(self.device).bool() & (budget.to(self.device) > 0)
-        produced = torch.zeros(self.rows, dtype=torch.long, device=self.device)
-        budget = budget.to(self.device)
-        tokens: list[list[int]] = [[] for _ in range(self.rows)]
-        log_probs: list[list[float]] = [[] for _ in range(self.rows)]
-        reasons = ["" for _ in range(self.rows)]
-        width = max((len(s) for s in stop), default=0) + 1
+        engine, device = self.engine, self.device
+        budget = budget.to(device)
+        running = rows.to(device).bool() & (budget > 0)
+        width = int(budget.max()) if bool(running.any()) else 0
+        # this turn's tokens and log-probs, row r's first produced[r] of them filled
+        turn = torch.full((self.rows, width), engine.pad_id, dtype=torch.long, device=device)
+        turn_logp = torch.zeros(self.rows, width, dtype=torch.float32, device=device)
+        produced = torch.zeros(self.rows, dtype=torch.long, device=device)
+        reason = torch.zeros(self.rows, dtype=torch.long, device=device)  # index of _REASONS
+        stop_width = max((len(s) for s in stop), default=0) + 1
         with torch.inference_mode():
             while bool(running.any()):
                 feed = running & self.has_pending
@@ -425,43 +456,31 @@ class HFSession:
                     ids = torch.where(feed, self.pending, engine.pad_id)[:, None]
                     self._feed(ids, feed[:, None])
                     self.has_pending &= ~feed
-                scaled = self.last_logits / temperature
-                logp = torch.log_softmax(scaled, dim=-1)
-                if sampling.do_sample:
-                    probs = _truncate(scaled, sampling.top_k, sampling.top_p).softmax(dim=-1)
-                    token = _draw(probs, self.draws.uniform(self.count))
-                else:
-                    token = self.last_logits.argmax(dim=-1)
-                token_logp = logp.gather(1, token[:, None]).squeeze(1)
-                idx = running.nonzero().flatten().tolist()
-                for r, tok, lp in zip(
-                    idx, token[idx].tolist(), token_logp[idx].tolist(), strict=True
-                ):
-                    tokens[r].append(tok)
-                    log_probs[r].append(lp)
+                token, token_logp = _pick(self.last_logits, self.sampling, self.draws, self.count)
+                idx = running.nonzero().flatten()
+                at = produced[idx]
+                turn[idx, at] = token[idx]
+                turn_logp[idx, at] = token_logp[idx]
                 self.pending = torch.where(running, token, self.pending)
                 self.has_pending |= running
                 self.count += running.long()
                 produced += running.long()
                 ended_eos = running & torch.isin(token, self.eos)
-                ended_len = running & ~ended_eos & (produced >= budget)
                 ended_stop = torch.zeros_like(running)
-                check = [r for r in idx if not ended_eos[r]]
-                if stop and check:
-                    tails = [tokens[r][-width:] for r in check]
-                    texts = engine.tokenizer.batch_decode(tails, skip_special_tokens=True)
-                    for r, text in zip(check, texts, strict=True):
-                        if any(s in text for s in stop):
-                            ended_stop[r] = True
-                for r in idx:
-                    if ended_eos[r]:
-                        reasons[r] = "eos"
-                    elif ended_stop[r]:
-                        reasons[r] = "stop"
-                    elif ended_len[r]:
-                        reasons[r] = "length"
+                if stop:
+                    ended_stop = _stop_hits(
+                        engine.tokenizer, turn, produced, running & ~ended_eos, stop, stop_width
+                    )
+                ended_len = running & ~ended_eos & ~ended_stop & (produced >= budget)
+                reason = torch.where(ended_eos, 1, torch.where(ended_stop, 2, reason))
+                reason = torch.where(ended_len, 3, reason)
                 running &= ~(ended_eos | ended_stop | ended_len)
-        return list(zip(tokens, log_probs, reasons, strict=True))
+        lengths, reasons = produced.tolist(), reason.tolist()
+        tokens, log_probs = turn.tolist(), turn_logp.tolist()
+        return [
+            (tokens[r][: lengths[r]], log_probs[r][: lengths[r]], _REASONS[reasons[r]])
+            for r in range(self.rows)
+        ]
 
     def append(self, observations: Mapping[int, Sequence[int]]) -> None:
         """Feed each given row its pending token and then its observation tokens, one forward
@@ -485,6 +504,8 @@ class HFSession:
         done[list(blocks)] = True
         self.has_pending &= ~done
 
+
+_REASONS = ("", "eos", "stop", "length")  # why a session row's turn ended, by code
 
 _M32 = 0xFFFFFFFF
 _KEY, _STEP = 0x1B873593, 0x68E31DA4  # odd constants mixed into the key and the step
