@@ -3,7 +3,8 @@
 ``TABLE`` lists lmrl's packages top to bottom and fixes the direction: a package may import
 the packages above it, never one below. Three rows may import nothing of lmrl though they sit
 above others: ``algos/`` (pure tensor maths), ``tools/`` and ``logging/``. The leaves
-``lmrl.errors``, ``lmrl._lazy`` and ``lmrl._userfile`` import nothing of lmrl, and every
+``lmrl.errors``, ``lmrl._lazy``, ``lmrl._userfile``, ``lmrl._procpool`` and ``lmrl._procworker``
+import nothing of lmrl, and every
 package may import them.
 
 Every import counts: at module level, inside functions (a lazy import is still a dependency),
@@ -45,7 +46,7 @@ TABLE: tuple[tuple[str, tuple[str, ...] | str], ...] = (
     ("cli", ABOVE),
 )
 # Leaves that import nothing of lmrl; any module may import them ("" is ``lmrl/__init__.py``).
-LEAVES = frozenset({"errors", "_lazy", "_userfile", ""})
+LEAVES = frozenset({"errors", "_lazy", "_userfile", "_procpool", "_procworker", ""})
 
 
 def allowed_packages(table: Iterable[tuple[str, tuple[str, ...] | str]]) -> dict[str, frozenset]:

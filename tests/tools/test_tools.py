@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -147,6 +148,89 @@ def test_load_tools_builtins_and_a_users_file(tmp_path):
         load_tools(["search"])
     with pytest.raises(ToolLoadError, match="twice"):
         load_tools(["python", "python"])
+
+
+# ---------------------------------------------------------------------------- processes
+TOOL_FILE = """
+import os, sys, time
+from lmrl.tools import Tool, ToolError
+
+def lookup(city: str) -> str:
+    \"\"\"Look a city up.
+
+    Args:
+        city: the city's name
+    \"\"\"
+    if city == "hang":
+        open({pid_file!r}, "w").write(str(os.getpid()))
+        time.sleep(600)
+    if city == "die":
+        os._exit(3)
+    if city == "bad":
+        raise ToolError("no such city")
+    return f"{{city}} from {{os.getpid()}}"
+
+class Doubler(Tool):
+    def call_batch(self, calls):
+        return [f"{{c['x'] * 2}} from {{os.getpid()}}" for c in calls]
+"""
+
+
+def test_a_files_tools_run_in_processes_where_a_hung_call_is_killed(tmp_path):
+    from lmrl.tools.processes import ProcessTool
+
+    pid_file = tmp_path / "hung.pid"
+    user = tmp_path / "my_tools.py"
+    user.write_text(TOOL_FILE.format(pid_file=str(pid_file)))
+    tools = load_tools(["lookup", "Doubler", "python"], user, processes=1, timeout_s=2.0)
+    assert isinstance(tools["lookup"], ProcessTool) and isinstance(tools["Doubler"], ProcessTool)
+    assert isinstance(tools["python"], PythonTool)  # the built-ins stay in this process
+    assert tools["lookup"].parameters["required"] == ["city"]
+    try:
+        calls = [ToolCall("lookup", {"city": c}) for c in ("A", "hang", "die", "bad")]
+        calls += [ToolCall("Doubler", {"x": 1}), ToolCall("Doubler", {"x": 2})]
+        calls += [ToolCall("lookup", {"city": "B"})]
+        start = time.perf_counter()
+        out = run_calls(calls, tools, timeout_s=2.0)
+        took = time.perf_counter() - start
+        assert [r.status for r in out] == ["ok", "timeout", "error", "error", "ok", "ok", "ok"]
+        assert took < 12, took  # one timeout (2 s) and some worker start-ups, not 600 s
+        pids = {int(r.text.split(" from ")[1]) for r in out if r.status == "ok"}
+        assert os.getpid() not in pids
+        assert out[1].text == "Error: the lookup tool timed out after 2 s"
+        assert out[2].text == "Error: lookup: the tool worker process exited with code 3"
+        assert out[3].text == "Error: no such city"
+        assert out[4].text.startswith("2 from ") and out[5].text.startswith("4 from ")
+        assert out[4].text.split()[-1] == out[5].text.split()[-1]  # one batch, one process
+        with pytest.raises(ProcessLookupError):  # the hung call's process was killed
+            os.kill(int(pid_file.read_text()), 0)
+        again = run_calls([ToolCall("lookup", {"city": "C"})], tools)
+        assert again[0].status == "ok" and again[0].text.startswith("C from ")
+        assert tools["lookup"]({"city": "D"}).startswith("D from ")
+        with pytest.raises(ToolError, match="no such city"):
+            tools["lookup"]({"city": "bad"})
+    finally:
+        for tool in tools.values():
+            tool.close()
+    assert tools["lookup"].pool._workers == []
+
+
+def test_a_tool_file_that_a_worker_cannot_import_is_a_load_error(tmp_path):
+    user = tmp_path / "my_tools.py"
+    user.write_text(
+        "import sys\n"
+        "if 'lmrl._procworker' in sys.modules or sys.argv[0].endswith('_procworker.py'):\n"
+        "    raise ImportError('only in the trainer')\n"
+        "def lookup(city: str) -> str:\n"
+        '    """Look.\n\n    Args:\n        city: where\n    """\n'
+        "    return city\n"
+    )
+    tools = load_tools(["lookup"], user, processes=1, timeout_s=5.0)
+    try:
+        with pytest.raises(ToolLoadError, match=r"tool worker process could not load.*only in"):
+            run_calls([ToolCall("lookup", {"city": "A"})], tools)
+    finally:
+        tools["lookup"].close()
 
 
 # ---------------------------------------------------------------------------- search

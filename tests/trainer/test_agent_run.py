@@ -72,6 +72,52 @@ def test_a_multi_turn_step_trains_on_sampled_tokens_and_logs_tool_use(search_wor
     assert metrics["response_length/mean"] == pytest.approx(read.sum(-1).float().mean().item())
 
 
+def _children() -> set[int]:
+    """The pids of this process's live children (from /proc, so the check starts none)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # it ended while we looked
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def test_a_hanging_tool_from_a_users_file_is_killed_and_the_run_goes_on(search_workspace, tmp_path):
+    """The default tool_processes=1: a user's search tool that never returns costs each call
+    a timeout observation; its processes are killed, and none outlives the run."""
+    user, pids = tmp_path / "tools.py", tmp_path / "pids"
+    pids.mkdir()
+    user.write_text(
+        "import os, time\n"
+        "def search(query: str) -> str:\n"
+        '    """Search that never returns.\n\n    Args:\n        query: what to look for\n    """\n'
+        f"    open(os.path.join({str(pids)!r}, str(os.getpid())), 'w').close()\n"
+        "    time.sleep(600)\n"
+        "    return 'never'\n"
+    )
+    before = _children()
+    extra = ("trainer.total_training_steps=1", f"rollout.multi_turn.tool_path={user}",
+             "rollout.multi_turn.tool_timeout_s=1")  # fmt: skip
+    cfg = load_config(None, agent_args(search_workspace, "hang", *extra))
+    cfg.trainer.default_local_dir = str(tmp_path / "hang")
+    trainer = Trainer(build_run(cfg), cfg.trainer)
+    try:
+        trainer.start()
+        metrics = trainer.step()
+    finally:
+        trainer.close()
+    assert metrics["agent/tool_calls/mean"] > 0.5
+    valid = metrics["agent/tool_calls/mean"] * metrics["agent/valid_call_ratio"]
+    assert metrics["agent/tool_timeouts/mean"] == pytest.approx(valid)  # every call it ran
+    ran_in = {int(p.name) for p in pids.iterdir()}
+    assert ran_in and os.getpid() not in ran_in  # in worker processes, not the trainer
+    leftover = _children() - before
+    assert not leftover  # every tool worker stopped
+
+
 def run(overrides: list[str], fault: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     args = [sys.executable, "-m", "lmrl.cli", "train", *overrides]

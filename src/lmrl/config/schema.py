@@ -176,6 +176,12 @@ class MultiTurnConfig:
         None, "Most tokens of one observation (its head is kept); null = no limit."
     )
     tool_timeout_s: float = opt(30.0, "Wall-clock limit of one tool's calls in one turn.")
+    tool_processes: int = opt(
+        1,
+        "Worker processes for the tools of tool_path: a call past tool_timeout_s has its "
+        "process killed; 0 = they run in threads of the trainer (a call past its timeout is "
+        "abandoned, not stopped).",
+    )
     python_timeout_s: float = opt(5.0, "python tool: wall-clock limit of one run of code.")
     python_memory_mb: int = opt(512, "python tool: address-space limit of one run, MiB.")
 

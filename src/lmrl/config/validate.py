@@ -265,6 +265,11 @@ class _Checks:
         for key in ("tool_timeout_s", "python_timeout_s", "python_memory_mb"):
             if not getattr(mt, key) > 0:
                 self.errors.append(f"rollout.multi_turn.{key}={getattr(mt, key)} must be > 0")
+        if mt.tool_processes < 0:
+            self.errors.append(
+                f"rollout.multi_turn.tool_processes={mt.tool_processes} must be >= 0 "
+                "(0 = the tools of tool_path run in threads)"
+            )
         if not mt.tools:
             self.errors.append(
                 "rollout.multi_turn.enable=true with no tools: set rollout.multi_turn.tools "

@@ -223,6 +223,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("rollout.multi_turn.format", "rollout.multi_turn.format", skip=("hermes",)),
     Rule("rollout.multi_turn.max_obs_length", "rollout.multi_turn.max_obs_length"),
     Rule("rollout.multi_turn.tool_timeout_s", "rollout.multi_turn.tool_timeout_s"),
+    Rule("rollout.multi_turn.tool_processes", "rollout.multi_turn.tool_processes"),
     Rule("rollout.multi_turn.python_timeout_s", "rollout.multi_turn.python_timeout_s"),
     Rule("rollout.multi_turn.python_memory_mb", "rollout.multi_turn.python_memory_mb"),
     Rule(

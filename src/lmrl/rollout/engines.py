@@ -100,7 +100,9 @@ def with_tools(cfg, engine: RolloutEngine, tokenizer) -> RolloutEngine:
             "memory_mb": mt.python_memory_mb,
         },
     }
-    tools = load_tools(mt.tools, mt.tool_path, options)
+    tools = load_tools(
+        mt.tools, mt.tool_path, options, processes=mt.tool_processes, timeout_s=mt.tool_timeout_s
+    )
     return AgentLoop(
         engine, tools, tokenizer, max_turns=mt.max_turns, format=mt.format,
         state_masking=cfg.actor.state_masking, max_obs_length=mt.max_obs_length,

@@ -21,12 +21,20 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["FunctionTool", "Tool", "ToolError", "function_tool"]
+__all__ = ["FunctionTool", "Tool", "ToolError", "error_text", "function_tool", "user_tool"]
 
 
 class ToolError(Exception):
     """A tool's expected failure (bad arguments, nothing found): its message becomes the
     observation, with no traceback."""
+
+
+def error_text(err: BaseException) -> str:
+    """The observation a failed call gives: ``Error: <message>`` for a `ToolError`, else
+    ``Error: <Type>: <message>``."""
+    if isinstance(err, ToolError):
+        return f"Error: {err}"
+    return f"Error: {type(err).__name__}: {err}"
 
 
 class Tool:
@@ -128,3 +136,15 @@ def function_tool(fn: Callable[..., Any] | Tool, name: str | None = None) -> Too
     if not callable(fn):
         raise ValueError(f"a tool must be a Tool or a function, got {type(fn).__name__}")
     return FunctionTool(fn, name)
+
+
+def user_tool(found: Any, name: str) -> Tool:
+    """The tool a user's file defines as ``name``: a `Tool` instance, a `Tool` subclass (made
+    with no arguments) or a typed function.
+
+    Raises:
+        ValueError, TypeError: it is none of these, or its schema cannot be built.
+    """
+    if inspect.isclass(found) and issubclass(found, Tool):
+        found = found()
+    return function_tool(found, name)

@@ -5,18 +5,22 @@ grouped by tool; a tool gets its calls in one `Tool.call_batch` (the search tool
 queries in one pass), and the groups run side by side on a small thread pool. A group that
 runs past ``timeout_s`` gives every one of its calls a ``timeout`` result and the turn goes
 on (its thread is abandoned; the built-in ``python`` tool enforces its own limit inside a
-process it kills, so nothing of it keeps running). A tool that raises gives an ``error``
+process it kills, so nothing of it keeps running). The tools of a user's file that run in
+worker processes (`ProcessTool`) go to their pool in one pass, beside the threads; there a
+call past the timeout has its process killed. A tool that raises gives an ``error``
 result whose text the policy sees as ``Error: <message>``; nothing a tool does ends the run.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmrl.tools.base import Tool, ToolError
+from lmrl.tools.base import Tool, error_text
+from lmrl.tools.processes import ProcessTool, run_in_pool
 
 __all__ = ["ToolCall", "ToolResult", "run_calls"]
 
@@ -38,12 +42,6 @@ class ToolResult:
     status: str = "ok"
 
 
-def _error_text(err: BaseException) -> str:
-    if isinstance(err, ToolError):
-        return f"Error: {err}"
-    return f"Error: {type(err).__name__}: {err}"
-
-
 def run_calls(
     calls: Sequence[ToolCall | ToolResult],
     tools: Mapping[str, Tool],
@@ -56,7 +54,8 @@ def run_calls(
         calls: parsed calls, or an already-made `ToolResult` (a call the format rejected)
             passed through as is.
         tools: name -> tool.
-        timeout_s: wall-clock limit of each tool's group of calls.
+        timeout_s: wall-clock limit of each tool's group of calls in a thread (the tools in
+            worker processes have their pool's own limit, set when they are loaded).
         max_workers: tools run at the same time.
     """
     results: list[ToolResult | None] = [None] * len(calls)
@@ -74,26 +73,45 @@ def run_calls(
     if not groups:
         return [r for r in results if r is not None]
 
+    def record(idx: list[int], outs: list[Any]) -> None:
+        if len(outs) != len(idx):
+            outs = [RuntimeError(f"tool answered {len(outs)} of {len(idx)} calls")] * len(idx)
+        for i, out in zip(idx, outs, strict=True):
+            if isinstance(out, tuple):  # a worker process's (status, text)
+                results[i] = ToolResult(out[1], out[0])
+            elif isinstance(out, BaseException):
+                results[i] = ToolResult(error_text(out), "error")
+            else:
+                results[i] = ToolResult(out if isinstance(out, str) else str(out))
+
+    remote = {n: idx for n, idx in groups.items() if isinstance(tools[n], ProcessTool)}
+    local = {n: idx for n, idx in groups.items() if n not in remote}
+
     def run_group(name: str, idx: list[int]) -> list[str | BaseException]:
         return tools[name].call_batch([calls[i].arguments for i in idx])
 
-    pool = cf.ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(groups))))
+    def run_remote() -> dict[str, list]:
+        args = {n: [calls[i].arguments for i in idx] for n, idx in remote.items()}
+        return run_in_pool(args, {n: tools[n] for n in remote})
+
+    pool = cf.ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(local))))
     try:
-        futures = {pool.submit(run_group, name, idx): idx for name, idx in groups.items()}
-        done, late = cf.wait(futures, timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        futures = {pool.submit(run_group, name, idx): idx for name, idx in local.items()}
+        # the worker processes keep their own clock and kill what runs past it; their pool
+        # runs in this thread, which outlives them (a worker dies with the thread that
+        # started it: PR_SET_PDEATHSIG)
+        if remote:
+            for name, outs in run_remote().items():
+                record(remote[name], outs)
+        wait_s = max(0.0, deadline - time.monotonic())
+        done, late = cf.wait(futures, timeout=wait_s) if futures else (set(), set())
         for future in done:
-            idx = futures[future]
             try:
                 outs = future.result()
             except Exception as err:  # call_batch itself failed: every call of the group
-                outs = [err] * len(idx)
-            if len(outs) != len(idx):
-                outs = [RuntimeError(f"tool answered {len(outs)} of {len(idx)} calls")] * len(idx)
-            for i, out in zip(idx, outs, strict=True):
-                if isinstance(out, BaseException):
-                    results[i] = ToolResult(_error_text(out), "error")
-                else:
-                    results[i] = ToolResult(out if isinstance(out, str) else str(out))
+                outs = [err] * len(futures[future])
+            record(futures[future], outs)
         for future in late:
             for i in futures[future]:
                 name = calls[i].name

@@ -3,19 +3,20 @@
 ``rollout.multi_turn.tools`` lists the names; ``rollout.multi_turn.tool_path`` is a Python
 file (like ``custom_reward_function.path``) where a name that is not built in is looked up.
 There a name may be a `Tool` instance, a `Tool` subclass (made with no arguments), or a plain
-typed function with a docstring (`function_tool`).
+typed function with a docstring (`function_tool`). With ``processes >= 1`` the file's tools run
+in worker processes (`lmrl.tools.processes`), where a call past its timeout is killed.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from lmrl._userfile import UserFileError, import_user_file
 from lmrl.errors import ToolLoadError
-from lmrl.tools.base import Tool, function_tool
+from lmrl.tools.base import Tool, user_tool
+from lmrl.tools.processes import ProcessTool, ToolPool
 from lmrl.tools.python import PythonTool
 from lmrl.tools.search import SearchTool
 
@@ -38,6 +39,8 @@ def load_tools(
     names: Sequence[str],
     tool_path: str | Path | None = None,
     options: Mapping[str, Mapping[str, Any]] | None = None,
+    processes: int = 0,
+    timeout_s: float = 30.0,
 ) -> dict[str, Tool]:
     """Make the named tools.
 
@@ -47,6 +50,9 @@ def load_tools(
         tool_path: a Python file of user tools.
         options: built-in name -> its keyword arguments (``search``: ``corpus``, ``url``,
             ``topk``; ``python``: ``timeout_s``, ``memory_mb``...).
+        processes: worker processes for the tools of ``tool_path`` (a `ToolPool` they share);
+            0 = they run in the calling process.
+        timeout_s: seconds one call of a file's tool may run in its process.
 
     Returns:
         name -> tool, in the order of ``names``.
@@ -64,9 +70,7 @@ def load_tools(
         found = getattr(module, name, None) if module is not None else None
         if found is not None:
             try:
-                if inspect.isclass(found) and issubclass(found, Tool):
-                    found = found()
-                tool = function_tool(found, name)
+                tool = user_tool(found, name)
             except (ValueError, TypeError) as err:
                 raise ToolLoadError(f"tool {name!r} in {tool_path}: {err}") from None
         elif name in BUILTIN_TOOLS:
@@ -84,4 +88,9 @@ def load_tools(
             )
         tool.name = name
         tools[name] = tool
+    from_file = [name for name in names if getattr(module, name, None) is not None]
+    if processes and from_file:
+        pool = ToolPool(tool_path, from_file, processes, timeout_s)
+        for name in from_file:
+            tools[name] = ProcessTool(tools[name], pool)
     return tools

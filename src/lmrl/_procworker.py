@@ -1,11 +1,12 @@
-"""The reward worker process: ``python -m lmrl.rewards._worker FD``.
+"""A pool's worker process: ``python -m lmrl._procworker FD`` (see `lmrl._procpool`).
 
-It talks to its `ScoringPool` over the socket ``FD`` (a ``multiprocessing`` connection):
-it receives the parent's ``sys.path`` and the pickled reward functions, answers
-``("ready",)`` (or ``("init_error", message)``), then runs chunks of tasks, sending
-``(task_id, outcome)`` after each one, until it receives ``None`` or the socket closes.
-It imports no torch, and on Linux asks the kernel to kill it when its parent dies, so a worker
-stuck in a hung reward function never outlives training.
+It talks to its `ProcessPool` over the socket ``FD`` (a ``multiprocessing`` connection):
+it receives the parent's ``sys.path`` and the pickled functions, answers ``("ready",)`` (or
+``("init_error", message)``), then runs chunks of tasks ``(index, *arguments)``, sending
+``(task_id, functions[index].call(arguments))`` after each one, until it receives ``None`` or
+the socket closes. The functions' ``call`` catches their own errors. It imports nothing but
+what the functions need, and on Linux asks the kernel to kill it when its parent dies, so a
+worker stuck in a hung reward function or tool never outlives training.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ def main(fd: int) -> None:
             return
         if chunk is None:
             return
-        for task_id, (fn_index, kind, args) in chunk:
-            conn.send((task_id, functions[fn_index].call((kind, args))))
+        for task_id, task in chunk:
+            conn.send((task_id, functions[task[0]].call(task[1:])))
 
 
 if __name__ == "__main__":
