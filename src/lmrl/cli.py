@@ -114,6 +114,51 @@ def _sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_flow(args: argparse.Namespace) -> int:
+    import logging
+
+    from lmrl.config.flow import format_flow_help, load_flow_config
+
+    if args.help:
+        print(
+            "usage: lmrl train-flow [--config FILE.yaml] key=value ...\n\n"
+            "Flow-GRPO: RL of a flow-matching image model (model.path: a directory written by "
+            "`lmrl pretrain-flow`\nor `lmrl demo --task flow`; data: `lmrl tasks shapes`). "
+            "The keys, their defaults and docs follow.\n"
+        )
+        print(format_flow_help())
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    cfg = load_flow_config(args.config, args.overrides)  # every config error before any model
+    from lmrl.trainer.flow import FlowTrainer
+
+    trainer = FlowTrainer(cfg)
+    trainer.fit()
+    print(f"run directory: {trainer.run_dir}")
+    return 0
+
+
+def _pretrain_flow(args: argparse.Namespace) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not args.images.is_file():
+        raise LmrlError(
+            f"{args.images}: no such file (write one with `lmrl tasks shapes --out DIR`: "
+            "DIR/images.parquet)"
+        )
+    if args.steps < 1:
+        raise LmrlError(f"--steps must be >= 1, got {args.steps}")
+    from lmrl.flow.pretrain import pretrain_image_flow
+
+    _, losses = pretrain_image_flow(
+        args.images, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+        seed=args.seed, log_every=max(1, args.steps // 10),
+    )  # fmt: skip
+    print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; model: {args.out}")
+    return 0
+
+
 def _plot(args: argparse.Namespace) -> int:
     from lmrl.logging.plot import plot_run
 
@@ -126,6 +171,14 @@ def _demo(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.task == "flow":
+        from lmrl.trainer.demo_flow import run_flow_demo
+
+        if args.no_tool:
+            raise LmrlError("--no-tool is for --task search (the flow demo uses no tool)")
+        run_flow_demo(args.out if args.out is not None else Path("lmrl-demo-flow"),
+                      seed=args.seed, fast=args.fast)  # fmt: skip
+        return 0
     if args.task == "search":
         from lmrl.trainer.demo_search import run_search_demo
 
@@ -200,6 +253,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=_sft)
 
+    p = sub.add_parser(
+        "train-flow", help="Flow-GRPO: RL of a flow-matching image model", add_help=False
+    )
+    p.add_argument("--config", type=Path, default=None, help="a YAML config")
+    p.add_argument("-h", "--help", action="store_true", help="list every config key")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.set_defaults(func=_train_flow)
+
+    p = sub.add_parser(
+        "pretrain-flow", help="pre-train an image model by flow matching (before train-flow)"
+    )
+    p.add_argument("images", type=Path, help="images.parquet of `lmrl tasks shapes`")
+    p.add_argument("--out", type=Path, required=True, help="the model directory to write")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_pretrain_flow)
+
     p = sub.add_parser("tiny-model", help="build a small model and tokenizer locally")
     p.add_argument("out_dir", type=Path)
     p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
@@ -226,15 +298,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "demo",
-        help="tiny model, SFT warm start, then GRPO on the CPU: digits (~1 min) or "
-        "--task search (~5 min)",
+        help="tiny model, SFT warm start, then GRPO on the CPU: digits (~1 min), "
+        "--task search (~5 min) or --task flow (images, ~5 min)",
     )
-    p.add_argument("--task", choices=["digits", "search"], default="digits",
-                   help="digits (reverse digits) or search (answer by searching a corpus, "
-                   "multi-turn with the search tool)")  # fmt: skip
+    p.add_argument("--task", choices=["digits", "search", "flow"], default="digits",
+                   help="digits (reverse digits), search (answer by searching a corpus, "
+                   "multi-turn with the search tool) or flow (Flow-GRPO on a tiny image "
+                   "model: shapes that match their prompt)")  # fmt: skip
     p.add_argument("--out", type=Path, default=None,
                    help="directory of the whole demo, started fresh (default lmrl-demo, "
-                   "lmrl-demo-search for --task search)")  # fmt: skip
+                   "lmrl-demo-search / lmrl-demo-flow for --task search / flow)")  # fmt: skip
     p.add_argument("--no-tool", action="store_true",
                    help="--task search with the search tool off (the ablation: stays near "
                    "chance)")  # fmt: skip

@@ -9,13 +9,16 @@ import pytest
 
 from lmrl.config import Config, ConfigError, load_config
 from lmrl.config.fields import schema
+from lmrl.config.flow import FlowConfig
 from lmrl.config.sft import SFT_CONFIG, SFTConfig, load_sft_config
-from lmrl.config.verl import SFT, TARGETS, TRAIN, VERL_RULES, rules_for, translate
+from lmrl.config.verl import FLOW, SFT, TARGETS, TRAIN, VERL_RULES, rules_for, translate
 
 BASE = ["model.path=/models/tiny", "data.train_files=/tmp/x.parquet"]
 
 
-@pytest.mark.parametrize(("target", "root"), [(TRAIN, Config), (SFT, SFTConfig)])
+@pytest.mark.parametrize(
+    ("target", "root"), [(TRAIN, Config), (SFT, SFTConfig), (FLOW, FlowConfig)]
+)
 def test_every_rule_of_the_table_lands_on_a_schema_key(target, root):
     spec = schema(root)
     rules = rules_for(target)
@@ -48,10 +51,12 @@ def test_every_rule_of_the_table_lands_on_a_schema_key(target, root):
 
 
 def test_the_table_is_one_for_every_schema():
-    """RL and SFT keys are rows of one table, matched by one matcher per target; a row can
-    serve both, and the same verl key can mean different things to each schema."""
+    """RL, SFT and Flow-GRPO keys are rows of one table, matched by one matcher per target; a
+    row can serve several, and the same verl key can mean different things to each schema."""
     assert {t for r in VERL_RULES for t in r.targets} == set(TARGETS)
-    assert set(rules_for(TRAIN)) | set(rules_for(SFT)) == set(VERL_RULES)
+    assert set(rules_for(TRAIN)) | set(rules_for(SFT)) | set(rules_for(FLOW)) == set(VERL_RULES)
+    assert translate("train.clip_range", 1e-4, FLOW).path == "actor.clip_range"
+    assert translate("train.clip_range", 1e-4).path == "train.clip_range"  # unknown to Config
     shared = [r.verl for r in rules_for(TRAIN) if r in rules_for(SFT)]
     assert "hydra.*" in shared and "model.use_liger" in shared
     # an SFT key of verl's sft_trainer.yaml: translated for SFT only

@@ -16,7 +16,7 @@ from lmrl.errors import DataError
 from lmrl.models.tiny import build_tokenizer
 from lmrl.rewards.scorers import default_compute_score
 
-SIZES = {"num_train": 60, "num_test": 20}
+SIZES = {"num_train": 50, "num_test": 20}  # shapes has 72 prompts in all
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def contents(split_rows):
 def test_task_names_and_unknown_task(tmp_path):
     assert sorted(TASKS) == [
         "add", "arithmetic", "compare", "count", "countdown", "digits", "knights_knaves",
-        "search_qa", "sort",
+        "search_qa", "shapes", "sort",
     ]  # fmt: skip
     with pytest.raises(
         ValueError,
@@ -50,7 +50,8 @@ def test_task_names_and_unknown_task(tmp_path):
 @pytest.mark.parametrize("name", sorted(TASKS))
 def test_parquet_loads_back_through_lmrl_data(name, tmp_path, tok):
     paths = write_task(name, tmp_path / name, seed=5, num_train=12, num_test=4)
-    assert set(paths) == ({"train", "test", "corpus"} if name == "search_qa" else {"train", "test"})
+    assets = {"search_qa": {"corpus"}, "shapes": {"images"}}.get(name, set())
+    assert set(paths) == {"train", "test"} | assets
     train = RLDataset(paths["train"], tok)
     test = RLDataset(paths["test"], tok)
     assert (len(train), len(test)) == (12, 4)

@@ -194,7 +194,9 @@ def test_check_dataset_names_file_row_and_column(tok, tmp_path):
 
 def test_check_dataset_accepts_every_built_in_task(tok, tmp_path):
     manager = make_reward_manager("naive", tok, num_workers=0)
-    for name in TASKS:
+    for name, spec in TASKS.items():
+        if spec.ability == "image":  # prompts of the image model, scored by lmrl.flow.rewards
+            continue
         rows = generate_rows(name, num_train=20, num_test=5, prompt_format="{}")["train"]
         manager.check_dataset(RLDataset(write_jsonl(tmp_path / f"{name}.jsonl", rows), tok))
 

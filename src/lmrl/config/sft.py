@@ -33,7 +33,7 @@ from lmrl.config.fields import get_path
 from lmrl.config.help import key_lines
 from lmrl.config.loader import ConfigKind, load_config
 from lmrl.config.schema import LoggerName, ModelConfig, OptimConfig, opt
-from lmrl.config.validate import resolve_run_paths
+from lmrl.config.validate import range_errors, resolve_run_paths
 from lmrl.config.verl import SFT, renames, translate, verl_spellings
 
 # ------------------------------------------------------------------------------------------
@@ -186,11 +186,7 @@ def validate_sft_config(cfg: SFTConfig, *, notices: list[str] | None = None) -> 
         ("trainer.save_freq", lambda x: x >= -1, "must be >= 1, or -1/0 = final only"),
         ("trainer.test_freq", lambda x: x >= -1, "must be >= 1, or -1/0 = end only"),
     )
-    errors = []
-    for key, ok, message in checks:
-        value = get_path(cfg, key)
-        if not ok(value):  # NaN fails every range
-            errors.append(f"{key}={value!r} {message}")
+    errors = range_errors(cfg, checks)
     if cfg.model.lora_rank > 0 and not cfg.model.lora_alpha > 0:
         errors.append(f"model.lora_alpha={cfg.model.lora_alpha!r} must be > 0 when LoRA is on")
     for key in ("data.prompt_key", "data.response_key", "data.messages_key"):

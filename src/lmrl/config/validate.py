@@ -131,6 +131,17 @@ def expand_user(path: str | list[str] | None) -> str | list[str] | None:
     return os.path.expanduser(path) if path is not None else None
 
 
+def range_errors(cfg, checks) -> list[str]:
+    """``"key=value message"`` for each ``(key, ok, message)`` of ``checks`` whose value fails
+    ``ok`` (NaN fails every range): the range checks of ``lmrl sft`` and ``lmrl train-flow``."""
+    errors = []
+    for key, ok, message in checks:
+        value = _get(cfg, key)
+        if not ok(value):
+            errors.append(f"{key}={value!r} {message}")
+    return errors
+
+
 def resolve_run_paths(cfg) -> None:
     """What ``lmrl train`` and ``lmrl sft`` resolve alike: ``data.seed`` (= trainer.seed),
     the run directory (``checkpoints/<project>/<experiment>``), and ``~`` in paths."""

@@ -6,11 +6,12 @@ renames the few keys whose names differ (``*_per_gpu`` micro-batch sizes, ``warm
 and accepts keys that only make sense on verl's GPU stack (FSDP, vLLM, dynamic batching...)
 with a one-line notice instead of dropping them silently.
 
-The table serves both of lmrl's config schemas: each rule names the targets it applies to,
-``TRAIN`` (``lmrl train``'s ``Config``, verl's ``ppo_trainer.yaml``) or ``SFT`` (``lmrl sft``'s
+The table serves lmrl's config schemas: each rule names the targets it applies to,
+``TRAIN`` (``lmrl train``'s ``Config``, verl's ``ppo_trainer.yaml``), ``SFT`` (``lmrl sft``'s
 ``SFTConfig``, verl's ``sft_trainer.yaml``: ``model.partial_pretrain -> model.path``,
-``optim.clip_grad -> optim.grad_clip``...), or both; ``translate(key, value, target)`` matches
-a key against that target's rules only.
+``optim.clip_grad -> optim.grad_clip``...) or ``FLOW`` (``lmrl train-flow``'s ``FlowConfig``,
+Flow-GRPO's ``config/base.py`` names: ``sample.noise_level``, ``train.clip_range``...);
+``translate(key, value, target)`` matches a key against that target's rules only.
 
 The choice this module makes: rules are applied repeatedly until none matches, so a verl
 section prefix and one of our renames compose (``actor_rollout_ref.actor.X_per_gpu`` ->
@@ -28,7 +29,8 @@ from typing import Any
 #: the target schemas of the table: ``lmrl train``'s ``Config`` and ``lmrl sft``'s ``SFTConfig``
 TRAIN = "train"
 SFT = "sft"
-TARGETS = (TRAIN, SFT)
+FLOW = "flow"
+TARGETS = (TRAIN, SFT, FLOW)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ _SFT_FSDP = "verl's FSDP setting; lmrl sft trains one whole model in one process
 _SFT_ONE = "lmrl sft runs in one process on one device"
 _SFT_NO = "not available in lmrl sft"
 _ONLY_SFT = (SFT,)
+_ONLY_FLOW = (FLOW,)
 
 VERL_RULES: tuple[Rule, ...] = (
     # ---- section prefixes: verl's nesting onto ours
@@ -413,7 +416,28 @@ VERL_RULES: tuple[Rule, ...] = (
         only=(None,),
         targets=_ONLY_SFT,
     ),
-)
+    # ---- Flow-GRPO's config names (yifan123/flow_grpo config/base.py) onto lmrl train-flow
+    Rule("sample.num_steps", "sampler.num_steps", targets=_ONLY_FLOW),
+    Rule("sample.eval_num_steps", "sampler.val_num_steps", targets=_ONLY_FLOW),
+    Rule("sample.guidance_scale", "sampler.guidance_scale", targets=_ONLY_FLOW),
+    Rule("sample.noise_level", "sampler.noise_level", targets=_ONLY_FLOW),
+    Rule("sample.num_image_per_prompt", "sampler.n", targets=_ONLY_FLOW),
+    Rule("sample.sde_window_size", "sampler.sde_steps", targets=_ONLY_FLOW),
+    Rule("train.learning_rate", "actor.optim.lr", targets=_ONLY_FLOW),
+    Rule("train.adam_weight_decay", "actor.optim.weight_decay", targets=_ONLY_FLOW),
+    Rule("train.clip_range", "actor.clip_range", targets=_ONLY_FLOW),
+    Rule("train.adv_clip_max", "actor.adv_clip_max", targets=_ONLY_FLOW),
+    Rule("train.beta", "actor.beta", targets=_ONLY_FLOW),
+    Rule("train.timestep_fraction", "sampler.timestep_fraction", targets=_ONLY_FLOW),
+    Rule("train.max_grad_norm", "actor.max_grad_norm", targets=_ONLY_FLOW),
+    Rule("train.num_inner_epochs", "actor.ppo_epochs", targets=_ONLY_FLOW),
+    Rule("train.ema", None, "EMA of the weights is not implemented yet", only=(False,),
+         targets=_ONLY_FLOW),
+    Rule("num_epochs", "trainer.total_training_steps", targets=_ONLY_FLOW),
+    Rule("eval_freq", "trainer.test_freq", targets=_ONLY_FLOW),
+    Rule("run_name", "trainer.experiment_name", targets=_ONLY_FLOW),
+    Rule("pretrained.model", "model.path", targets=_ONLY_FLOW),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ rather than a silent repeat.
   ``lmrl.data.small_tasks``.
 - ``search_qa``: questions only a search tool answers (it also writes ``corpus.parquet``),
   see ``lmrl.data.search_qa``.
+- ``shapes``: prompts for a flow-matching image model and the images it is pre-trained on
+  (``images.parquet``), see ``lmrl.data.shapes``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lmrl.data import countdown, knights_knaves, search_qa, small_tasks
+from lmrl.data import countdown, knights_knaves, search_qa, shapes, small_tasks
 from lmrl.errors import DataError
 
 Example = tuple[str, Any, dict[str, Any]]  # (prompt content, ground truth, extra_info fields)
@@ -229,6 +231,12 @@ TASKS: dict[str, TaskSpec] = {
             "writes; a quarter need two searches), exact match",
             assets=search_qa.write_corpus,
         ),
+        TaskSpec(
+            "shapes", shapes.generate, "image", 60, 12,
+            "two red circles on the left: prompts for the flow model (lmrl demo --task flow), "
+            "and images.parquet, the set it is pre-trained on",
+            assets=shapes.write_images,
+        ),
     )
 }  # fmt: skip
 
@@ -342,7 +350,8 @@ def write_task(
         **options: passed to the task's generator.
 
     Returns:
-        ``{"train": path, "test": path}``, and ``"corpus"`` for ``search_qa``.
+        ``{"train": path, "test": path}``, and the task's asset by its file's stem:
+        ``"corpus"`` for ``search_qa``, ``"images"`` for ``shapes``.
 
     Raises:
         DataError: see `generate_rows`; or ``out_dir`` is a file or cannot be written (checked
@@ -364,7 +373,8 @@ def write_task(
             paths[split] = path
         assets = get_task(name).assets
         if assets is not None:
-            paths["corpus"] = assets(out, **options)
+            path = assets(out, **options)
+            paths[path.stem] = path
     except OSError as err:  # a parent that is a file, no permission, a full disk
         raise DataError(f"cannot write the {name} task to {out}: {err}") from None
     return paths

@@ -1,0 +1,249 @@
+"""The configuration of ``lmrl train-flow``: Flow-GRPO on a flow-matching image model.
+
+``FlowConfig`` has six sections: ``model`` (the image model's directory, LoRA), ``data``
+(prompt files, prompts per step), ``sampler`` (images per prompt, steps, the SDE's noise
+level and window, guidance), ``actor`` (the update: clip range, advantage clip, KL weight,
+batch sizes, the optimizer), ``reward`` (a built-in image reward or a file) and ``trainer``
+(length, run directory, checkpoints, validation, logging). It loads with the machinery of
+``lmrl train`` (YAML file, dotted ``key=value`` overrides converted to their types, did-you-mean
+on unknown keys, one ``ConfigError`` naming every bad key), and Flow-GRPO's own spellings
+(``sample.noise_level``, ``train.clip_range``, ``train.beta``, ``train.learning_rate``...)
+translate through the ``FLOW`` rules of the one table in ``lmrl.config.verl``.
+"""
+
+# ruff: noqa: RUF009  (``opt`` returns a ``dataclasses.field``; ruff cannot see that)
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+from lmrl.config.errors import ConfigError
+from lmrl.config.help import key_lines
+from lmrl.config.loader import ConfigKind, load_config
+from lmrl.config.schema import LoggerName, opt
+from lmrl.config.validate import range_errors, resolve_run_paths
+from lmrl.config.verl import FLOW, renames, translate, verl_spellings
+
+__all__ = ["FLOW_CONFIG", "FlowConfig", "format_flow_help", "load_flow_config"]
+
+
+@dataclass
+class FlowModelConfig:
+    """The image model trained, and LoRA."""
+
+    path: str | None = opt(
+        None,
+        "Directory of an image flow model (written by `lmrl demo --task flow` or ImageFlow.save).",
+    )
+    lora_rank: int = opt(
+        0, "LoRA rank; 0 = train every weight. The reference is the adapter-off model."
+    )
+    lora_alpha: int = opt(16, "LoRA alpha (scale alpha / rank).")
+    target_modules: list[str] = opt(
+        ["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"],
+        "Module names LoRA adapts (the U-Net's attention projections and convolutions).",
+    )
+
+
+@dataclass
+class FlowDataConfig:
+    """Prompts: verl-style parquet rows whose ``reward_model.ground_truth`` holds the
+    attributes (the ``shapes`` task's files)."""
+
+    train_files: str | list[str] | None = opt(None, "Prompt files for training.")
+    val_files: str | list[str] | None = opt(None, "Prompt files for validation; null = none.")
+    train_batch_size: int = opt(16, "Prompts per step (each sampled sampler.n times).")
+    seed: int | None = opt(None, "Prompt order; null = trainer.seed.")
+
+
+@dataclass
+class FlowSamplerConfig:
+    """The rollout: images per prompt, the SDE, guidance."""
+
+    n: int = opt(8, "Images per prompt (the group of GRPO's advantage), >= 2.")
+    num_steps: int = opt(10, "Denoising steps of a rollout.")
+    noise_level: float = opt(0.7, "The SDE's a in sigma_t = a sqrt(t / (1 - t)) (Flow-GRPO: 0.7).")
+    shift: float = opt(1.0, "SD3's schedule shift (1 = uniform in t).")
+    sde_start: int = opt(0, "First stochastic step (the others before it are ODE steps).")
+    sde_steps: int | None = opt(
+        None, "Stochastic steps from sde_start, ODE after (Flow-GRPO-Fast: 1-2); null = all."
+    )
+    timestep_fraction: float = opt(1.0, "Fraction of the stochastic steps that train.")
+    guidance_scale: float = opt(1.0, "Classifier-free guidance weight (1 = none).")
+    logprob_reduce: Literal["mean", "sum"] = opt(
+        "mean", "A step's log-prob: mean over the image's dimensions (Flow-GRPO) or the sum."
+    )
+    val_num_steps: int = opt(10, "Denoising steps of validation samples (the ODE, no noise).")
+
+
+@dataclass
+class FlowOptimConfig:
+    """AdamW at a constant learning rate."""
+
+    lr: float = opt(1e-4, "Learning rate.")
+    weight_decay: float = opt(0.0, "AdamW weight decay.")
+    betas: list[float] = opt([0.9, 0.999], "AdamW betas.")
+
+
+@dataclass
+class FlowActorConfig:
+    """The Flow-GRPO update."""
+
+    clip_range: float = opt(1e-4, "PPO's epsilon on each step's ratio (tiny: log-probs are means).")
+    adv_clip_max: float = opt(5.0, "Advantages are clipped to [-adv_clip_max, adv_clip_max].")
+    norm_adv_by_std: bool = opt(True, "GRPO (true) or Dr.GRPO (false: no division by the std).")
+    beta: float = opt(0.0, "Weight of the KL to the reference (the model as it started).")
+    std_scale: bool = opt(False, "Scale each step's loss by 2.25 sigma_t (the seed's code).")
+    ppo_mini_batch_size: int | None = opt(
+        None, "Images per optimizer step; null = all the step's images (one update)."
+    )
+    micro_batch_size: int = opt(32, "Images per forward pass (gradient accumulation).")
+    ppo_epochs: int = opt(1, "Passes over a step's images.")
+    recompute_old_log_probs: bool = opt(
+        False,
+        "Recompute the ratio's anchor with a forward per trained step; false = the rollout's "
+        "log-probs (bypass: on-policy they agree within 1e-5).",
+    )
+    max_grad_norm: float = opt(1.0, "Clip the gradient norm to this (> 0).")
+    optim: FlowOptimConfig = opt(FlowOptimConfig(), "Optimizer.")
+
+
+@dataclass
+class FlowRewardConfig:
+    """The reward of an image: a built-in one, or a function of a file."""
+
+    name: str = opt(
+        "geneval",
+        "Built in: geneval (mean of colour/count/shape/position checks), geneval_strict, "
+        "brightness, compressibility; or the function's name in path.",
+    )
+    path: str | None = opt(
+        None, "A Python file whose function `name` (images, prompts, metadata) -> scores."
+    )
+
+
+@dataclass
+class FlowTrainerConfig:
+    """The run: its length, directory, checkpoints, validation, logging."""
+
+    project_name: str = opt("lmrl", "Project name (loggers, default run directory).")
+    experiment_name: str = opt("flow_grpo", "Experiment name (loggers, default run directory).")
+    default_local_dir: str | None = opt(
+        None, "Run directory; null = checkpoints/<project_name>/<experiment_name>."
+    )
+    total_training_steps: int = opt(20, "Flow-GRPO steps.")
+    save_freq: int = opt(
+        10, "Checkpoint every this many steps (and at the end); <= 0 = at the end only."
+    )
+    test_freq: int = opt(-1, "Validate every this many steps (and before and after); <= 0 = ends.")
+    resume_mode: Literal["auto", "disable"] = opt(
+        "auto", "auto = resume from the run directory's latest checkpoint, if any."
+    )
+    seed: int = opt(0, "Global seed (noise, prompt order, LoRA initialization).")
+    logger: list[LoggerName] = opt(["console"], "console; metrics.jsonl is always written.")
+
+
+@dataclass
+class FlowConfig:
+    """A Flow-GRPO run (``lmrl train-flow``)."""
+
+    model: FlowModelConfig = opt(FlowModelConfig(), "The image model.")
+    data: FlowDataConfig = opt(FlowDataConfig(), "Prompts.")
+    sampler: FlowSamplerConfig = opt(FlowSamplerConfig(), "Rollouts.")
+    actor: FlowActorConfig = opt(FlowActorConfig(), "The update.")
+    reward: FlowRewardConfig = opt(FlowRewardConfig(), "The reward.")
+    trainer: FlowTrainerConfig = opt(FlowTrainerConfig(), "The run.")
+
+
+def resolve_flow_config(cfg: FlowConfig) -> FlowConfig:
+    """A copy with ``data.seed`` and the run directory filled and ``~`` expanded."""
+    cfg = copy.deepcopy(cfg)
+    resolve_run_paths(cfg)
+    return cfg
+
+
+def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -> None:
+    """Check the ranges a key's type cannot catch.
+
+    Raises:
+        ConfigError: every problem found, each naming the key.
+    """
+    s = cfg.sampler
+    checks = (
+        ("model.lora_rank", lambda x: x >= 0, "must be >= 0 (0 = full fine-tuning)"),
+        ("data.train_batch_size", lambda x: x >= 1, "must be >= 1"),
+        ("sampler.n", lambda x: x >= 2, "must be >= 2 (GRPO compares the images of a prompt)"),
+        ("sampler.num_steps", lambda x: x >= 1, "must be >= 1"),
+        ("sampler.val_num_steps", lambda x: x >= 1, "must be >= 1"),
+        ("sampler.noise_level", lambda x: x > 0, "must be > 0 (0 leaves no log-prob to train)"),
+        ("sampler.shift", lambda x: x > 0, "must be > 0"),
+        ("sampler.sde_start", lambda x: 0 <= x < s.num_steps, "must be in [0, sampler.num_steps)"),
+        ("sampler.sde_steps", lambda x: x is None or x >= 1, "must be >= 1 (or null)"),
+        ("sampler.timestep_fraction", lambda x: 0 < x <= 1, "must be in (0, 1]"),
+        ("actor.clip_range", lambda x: x > 0, "must be > 0"),
+        ("actor.adv_clip_max", lambda x: x > 0, "must be > 0"),
+        ("actor.beta", lambda x: x >= 0, "must be >= 0"),
+        ("actor.micro_batch_size", lambda x: x >= 1, "must be >= 1"),
+        ("actor.ppo_mini_batch_size", lambda x: x is None or x >= 1, "must be >= 1 (or null)"),
+        ("actor.ppo_epochs", lambda x: x >= 1, "must be >= 1"),
+        ("actor.max_grad_norm", lambda x: x > 0, "must be > 0"),
+        ("actor.optim.lr", lambda x: x >= 0, "must be >= 0"),
+        ("trainer.total_training_steps", lambda x: x >= 1, "must be >= 1"),
+    )
+    errors = range_errors(cfg, checks)
+    images = cfg.data.train_batch_size * s.n
+    mini = cfg.actor.ppo_mini_batch_size or images
+    if mini >= 1 and images % mini:
+        errors.append(
+            f"actor.ppo_mini_batch_size={mini} must divide the images of a step "
+            f"(data.train_batch_size * sampler.n = {images})"
+        )
+    elif cfg.actor.micro_batch_size >= 1 and mini % min(cfg.actor.micro_batch_size, mini):
+        errors.append(
+            f"actor.micro_batch_size={cfg.actor.micro_batch_size} must divide the mini-batch "
+            f"({mini} images)"
+        )
+    if errors:
+        raise ConfigError(errors)
+
+
+FLOW_CONFIG = ConfigKind(
+    FlowConfig,
+    partial(translate, target=FLOW),
+    partial(verl_spellings, target=FLOW),
+    resolve_flow_config,
+    validate_flow_config,
+    "lmrl train-flow",
+)
+
+REQUIRED_FOR_FLOW = ("model.path", "data.train_files")
+
+
+def load_flow_config(
+    config_file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    required: Sequence[str] = REQUIRED_FOR_FLOW,
+    notices: list[str] | None = None,
+) -> FlowConfig:
+    """Build a Flow-GRPO run's config from the defaults, a YAML file and overrides.
+
+    Raises:
+        ConfigError: every problem found, each naming the key and the fix.
+    """
+    return load_config(config_file, overrides, required=required, notices=notices, kind=FLOW_CONFIG)
+
+
+def format_flow_help(width: int = 100) -> str:
+    """The text of ``lmrl train-flow --help``: every key, its default and its doc."""
+    lines = key_lines(FlowConfig, "lmrl train-flow", "sampler.noise_level=0.7", width)
+    renamed = renames(FLOW)
+    pad = max(len(theirs) for theirs, _ in renamed)
+    lines += ["", "Flow-GRPO's config keys are accepted and translated:"]
+    lines += [f"  {theirs.ljust(pad)} -> {ours}" for theirs, ours in renamed]
+    return "\n".join(lines)

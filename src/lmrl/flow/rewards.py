@@ -1,0 +1,203 @@
+"""Image rewards a user can read: a GenEval-like rule reward with a small deterministic
+detector, simple image statistics, and the user's own functions from a file.
+
+Every reward is ``fn(images, prompts, metadata) -> scores``: ``images`` a float tensor
+(B, 3, H, W) in [0, 1], ``prompts`` the B prompt strings, ``metadata`` B dicts (a shapes
+prompt's attributes), returning B floats (a list, array or tensor).
+
+**The detector** (`find_objects`) reads a ``shapes`` image as the renderer draws it: a pixel is
+an object's when its brightest channel is above 0.35 and leads the next by 0.25 (its colour is
+that channel); objects are the 4-connected regions of one colour (labels propagated to the
+largest id of the region, all images at once), at least ``min_area`` pixels. An object's shape
+is read from how much of its bounding box it fills: a square fills it (>= 0.93), a disc about
+0.8, a triangle about 0.5 (< 0.7).
+
+**geneval** scores the four checks of a prompt, each 0 or 1, averaged (``strict``: 1 only when
+all hold): colour (an object of the prompt's colour exists), count (exactly that many of that
+colour), shape (all of them have the prompt's shape) and position (all of them lie in the
+prompt's half).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lmrl._userfile import UserFileError, import_user_file
+from lmrl.data.shapes import COLOURS
+from lmrl.errors import RewardError
+
+__all__ = [
+    "IMAGE_REWARDS",
+    "DetectedObject",
+    "find_objects",
+    "geneval",
+    "geneval_checks",
+    "load_image_reward",
+]
+
+ImageReward = Callable[[torch.Tensor, Sequence[str], Sequence[dict]], Any]
+_CHANNEL_COLOUR = {channel: name for name, (channel, _) in COLOURS.items()}
+
+
+@dataclass(frozen=True)
+class DetectedObject:
+    """One object: its colour, shape, area (pixels) and centroid (x, y) in pixels."""
+
+    colour: str
+    shape: str
+    area: int
+    centroid: tuple[float, float]
+
+
+def _labels(colour: torch.Tensor) -> torch.Tensor:
+    """(B, H, W) long colour ids (-1 = background) -> region labels (0 = background)."""
+    b, h, w = colour.shape
+    fg = colour >= 0
+    labels = torch.where(fg, torch.arange(1, h * w + 1).view(1, h, w).expand(b, h, w), 0)
+    while True:
+        best = labels.clone()
+        for dy, dx in ((0, 1), (0, -1), (1, 0), (-1, 0)):
+            shifted = torch.zeros_like(labels)
+            same = torch.zeros_like(fg)
+            ys, yd = slice(max(dy, 0), h + min(dy, 0)), slice(max(-dy, 0), h + min(-dy, 0))
+            xs, xd = slice(max(dx, 0), w + min(dx, 0)), slice(max(-dx, 0), w + min(-dx, 0))
+            shifted[:, yd, xd] = labels[:, ys, xs]
+            same[:, yd, xd] = colour[:, ys, xs] == colour[:, yd, xd]
+            best = torch.where(fg & same, torch.maximum(best, shifted), best)
+        if torch.equal(best, labels):
+            return labels
+        labels = best
+
+
+def _shape(fill: float) -> str:
+    if fill >= 0.93:
+        return "square"
+    return "circle" if fill >= 0.7 else "triangle"
+
+
+def find_objects(images: torch.Tensor, min_area: int = 4) -> list[list[DetectedObject]]:
+    """The coloured objects of each image (B, 3, H, W) in [0, 1] (see the module docstring)."""
+    img = images.detach().float().clamp(0, 1).cpu()
+    top2 = img.topk(2, dim=1).values
+    colour = torch.where((top2[:, 0] > 0.35) & (top2[:, 0] - top2[:, 1] > 0.25), img.argmax(1), -1)
+    labels = _labels(colour)
+    found: list[list[DetectedObject]] = []
+    for i in range(img.shape[0]):
+        objects = []
+        for label in labels[i].unique().tolist():
+            if label == 0:
+                continue
+            ys, xs = torch.nonzero(labels[i] == label, as_tuple=True)
+            area = len(ys)
+            if area < min_area:
+                continue
+            box = (int(ys.max() - ys.min()) + 1) * (int(xs.max() - xs.min()) + 1)
+            name = _CHANNEL_COLOUR[int(colour[i, ys[0], xs[0]])]
+            centre = (float(xs.float().mean()) + 0.5, float(ys.float().mean()) + 0.5)
+            objects.append(DetectedObject(name, _shape(area / box), area, centre))
+        found.append(objects)
+    return found
+
+
+def _in_half(centroid: tuple[float, float], position: str, size: int) -> bool:
+    x, y = centroid
+    half = size / 2
+    return {"left": x < half, "right": x > half, "top": y < half, "bottom": y > half}[position]
+
+
+def geneval_checks(objects: list[DetectedObject], spec: dict, size: int) -> dict[str, float]:
+    """The four checks of one image against its prompt's attributes, each 0.0 or 1.0."""
+    mine = [o for o in objects if o.colour == spec["colour"]]
+    want = 2 if spec["count"] == "two" else 1
+    return {
+        "colour": float(bool(mine)),
+        "count": float(len(mine) == want),
+        "shape": float(bool(mine) and all(o.shape == spec["shape"] for o in mine)),
+        "position": float(
+            bool(mine) and all(_in_half(o.centroid, spec["position"], size) for o in mine)
+        ),
+    }
+
+
+def geneval(
+    images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], strict: bool = False
+) -> torch.Tensor:
+    """GenEval-like rule reward: (B,) mean of the four checks (``strict``: all of them)."""
+    size = images.shape[-1]
+    scores = []
+    for objects, spec in zip(find_objects(images), metadata, strict=True):
+        checks = geneval_checks(objects, spec, size)
+        scores.append(min(checks.values()) if strict else sum(checks.values()) / len(checks))
+    return torch.tensor(scores)
+
+
+def brightness(images: torch.Tensor, prompts=None, metadata=None) -> torch.Tensor:
+    """Mean pixel value, (B,) in [0, 1]."""
+    return images.float().clamp(0, 1).mean((1, 2, 3))
+
+
+def compressibility(images: torch.Tensor, prompts=None, metadata=None) -> torch.Tensor:
+    """Minus the PNG size in bits per pixel (an image that compresses well scores higher)."""
+    from PIL import Image
+
+    out = []
+    for img in images.detach().float().clamp(0, 1).cpu():
+        buf = io.BytesIO()
+        pixels = (img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+        Image.fromarray(pixels).save(buf, "PNG", optimize=True)
+        out.append(-8.0 * len(buf.getvalue()) / (img.shape[1] * img.shape[2]))
+    return torch.tensor(out)
+
+
+IMAGE_REWARDS: dict[str, ImageReward] = {
+    "geneval": geneval,
+    "geneval_strict": lambda images, prompts, metadata: geneval(images, prompts, metadata, True),
+    "brightness": brightness,
+    "compressibility": compressibility,
+}
+
+
+def load_image_reward(name: str | None = None, path: str | Path | None = None) -> ImageReward:
+    """A built-in image reward by name, or the function ``name`` (default ``reward_fn``) of
+    the user's file ``path``; the result returns a float tensor (B,) and checks it.
+
+    Raises:
+        RewardError: an unknown name, a file that is missing or fails to import, a missing
+            function.
+    """
+    if path is None:
+        if name not in IMAGE_REWARDS:
+            raise RewardError(
+                f"unknown image reward {name!r}; built in: {', '.join(IMAGE_REWARDS)} (or give "
+                "a file of your own)"
+            )
+        fn = IMAGE_REWARDS[name]
+        label = name
+    else:
+        name = name or "reward_fn"
+        try:
+            module = import_user_file(path, "lmrl_user_image_reward")
+        except UserFileError as err:
+            raise RewardError(f"image reward file {path} {err}") from err.__cause__
+        fn = getattr(module, name, None)
+        if not callable(fn):
+            raise RewardError(f"image reward file {path} has no function {name!r}")
+        label = f"{name} in {path}"
+
+    def checked(images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]):
+        scores = torch.as_tensor(np.asarray(fn(images, prompts, metadata), dtype=np.float32))
+        if scores.shape != (images.shape[0],) or not torch.isfinite(scores).all():
+            raise RewardError(
+                f"image reward {label} must return {images.shape[0]} finite scores, got "
+                f"shape {tuple(scores.shape)}"
+            )
+        return scores
+
+    return checked

@@ -1,0 +1,153 @@
+"""Flow-GRPO runs (``lmrl train-flow``): a run's outputs, exact resume, bad input, the demo."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmrl.cli import main as cli_main
+from lmrl.config.flow import load_flow_config
+from lmrl.trainer.flow import FlowTrainer
+
+
+@pytest.fixture(scope="module")
+def flow_workspace(tmp_path_factory):
+    """The shapes task (64 images) and a tiny image model pre-trained for 3 steps."""
+    from lmrl.data.tasks import write_task
+    from lmrl.flow.pretrain import pretrain_image_flow
+
+    root = tmp_path_factory.mktemp("flow")
+    paths = write_task("shapes", root / "data", seed=0, num_images=64)
+    pretrain_image_flow(paths["images"], root / "model", steps=3, block_out_channels=(8, 16))
+    return root
+
+
+def _args(root, run, *extra):
+    return [
+        f"model.path={root / 'model'}",
+        f"data.train_files={root / 'data' / 'train.parquet'}",
+        f"data.val_files={root / 'data' / 'test.parquet'}",
+        f"trainer.default_local_dir={run}",
+        "trainer.logger=[]", "trainer.total_training_steps=4", "trainer.save_freq=2",
+        "trainer.test_freq=2", "data.train_batch_size=2", "sampler.n=2",
+        "sampler.num_steps=4", "sampler.val_num_steps=4", "actor.micro_batch_size=2",
+        "actor.ppo_mini_batch_size=2", "actor.clip_range=0.2", "actor.optim.lr=1e-3",
+        *extra,
+    ]  # fmt: skip
+
+
+def test_a_flow_run_trains_validates_checkpoints_and_plots(flow_workspace, tmp_path):
+    from lmrl.logging.plot import plot_run
+
+    run = tmp_path / "run"
+    extra = ("actor.beta=0.1", "actor.recompute_old_log_probs=true")
+    trainer = FlowTrainer(load_flow_config(None, _args(flow_workspace, run, *extra)))
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    result = trainer.fit()
+    assert trainer.global_step == 4 and len(result["history"]) == 4
+    assert sorted(result["val"]) == [0, 2, 4]
+    after = trainer.model.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    steps = [m for m in lines if "critic/score/mean" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    for key in ("flow/zero_spread_groups", "flow/check/shape", "actor/pg_loss",
+                "actor/kl_loss", "perf/images_per_s", "timing_s/update"):  # fmt: skip
+        assert key in steps[0], key
+    assert any("val/shapes/reward/mean" in m for m in lines)
+    assert {p.name for p in (run / "samples").iterdir()} == {
+        "step_0.png",
+        "step_2.png",
+        "step_4.png",
+    }
+    assert (run / "global_step_2").is_dir() and (run / "global_step_4").is_dir()
+    assert plot_run(run).is_file()
+
+
+def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, tmp_path):
+    whole = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "whole")))
+    whole.fit()
+
+    class Stop(Exception):
+        pass
+
+    cut = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "cut")))
+    step = cut.step
+
+    def step_then_die():
+        if cut.global_step == 3:  # dies in step 4, after the step-2 checkpoint
+            raise Stop
+        return step()
+
+    cut.step = step_then_die
+    with pytest.raises(Stop):
+        cut.fit()
+    resumed = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "cut")))
+    assert resumed.global_step == 2
+    resumed.fit()
+    expected = load_file(tmp_path / "whole" / "global_step_4" / "model.safetensors")
+    actual = load_file(tmp_path / "cut" / "global_step_4" / "model.safetensors")
+    assert expected.keys() == actual.keys()
+    for key in expected:
+        assert torch.equal(expected[key], actual[key]), key
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["sampler.n=1"], "sampler.n=1 must be >= 2"),
+        (["actor.ppo_mini_batch_size=3"], "must divide the images of a step"),
+        (["sampler.sde_start=9"], "sampler.sde_start=9"),
+        (["train.ema=true"], "EMA of the weights is not implemented"),
+        (["reward.name=pickscore"], "unknown image reward 'pickscore'"),
+        (["model.path=/nowhere"], "model.path=/nowhere is not an image flow model"),
+        (["data.train_files=/nowhere.parquet"], "cannot read prompt file /nowhere.parquet"),
+    ],
+)
+def test_bad_flow_input_is_a_one_line_error(flow_workspace, tmp_path, capsys, extra, message):
+    code = cli_main(["train-flow", *_args(flow_workspace, tmp_path / "bad"), *extra])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert message in err and "Traceback" not in err
+
+
+def test_prompts_without_attributes_are_named(flow_workspace, tmp_path, capsys):
+    rows = [{"prompt": "a cat", "data_source": "mine", "reward_model": {"ground_truth": "cat"}}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "mine.parquet")
+    args = _args(flow_workspace, tmp_path / "run", f"data.train_files={tmp_path / 'mine.parquet'}")
+    assert cli_main(["train-flow", *args]) == 2
+    assert "must hold the attributes" in capsys.readouterr().err
+
+
+def test_flow_grpo_keys_translate(flow_workspace, tmp_path):
+    cfg = load_flow_config(None, [
+        *_args(flow_workspace, tmp_path / "r"), "sample.noise_level=0.5", "train.clip_range=2e-4",
+        "train.learning_rate=3e-4", "sample.num_image_per_prompt=4", "train.beta=0.04",
+    ])  # fmt: skip
+    assert (cfg.sampler.noise_level, cfg.actor.clip_range, cfg.actor.optim.lr) == (0.5, 2e-4, 3e-4)
+    assert (cfg.sampler.n, cfg.actor.beta) == (4, 0.04)
+
+
+def test_the_fast_flow_demo_runs_end_to_end(tmp_path, capsys):
+    assert cli_main(["demo", "--task", "flow", "--fast", "--out", str(tmp_path / "demo")]) == 0
+    summary = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert (tmp_path / "demo" / "before_after.png").is_file()
+    assert (tmp_path / "demo" / "run" / "plot.png").is_file()
+    assert 0 <= summary["val_reward_before"] <= 1 and 0 <= summary["val_reward_after"] <= 1
+    assert "validation reward" in capsys.readouterr().out
+
+
+def test_pretrain_flow_writes_a_model_train_flow_loads(flow_workspace, tmp_path, capsys):
+    from lmrl.flow.image_model import ImageFlow
+
+    images = flow_workspace / "data" / "images.parquet"
+    out = tmp_path / "model"
+    assert cli_main(["pretrain-flow", str(images), "--out", str(out), "--steps", "2"]) == 0
+    assert isinstance(ImageFlow.load(out), ImageFlow)
+    assert cli_main(["pretrain-flow", str(tmp_path / "none.parquet"), "--out", str(out)]) == 2
+    assert "lmrl tasks shapes" in capsys.readouterr().err
