@@ -107,6 +107,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, 
         (["reward.name=pickscore"], "unknown image reward 'pickscore'"),
         (["model.path=/nowhere"], "model.path=/nowhere is not an image flow model"),
         (["data.train_files=/nowhere.parquet"], "cannot read prompt file /nowhere.parquet"),
+        (["data.train_batch_size=61"], "more than the 60 prompts"),
     ],
 )
 def test_bad_flow_input_is_a_one_line_error(flow_workspace, tmp_path, capsys, extra, message):

@@ -73,11 +73,12 @@ def run_calls(
     if not groups:
         return [r for r in results if r is not None]
 
-    def record(idx: list[int], outs: list[Any]) -> None:
+    def record(idx: list[int], outs: list[Any], answers: bool = False) -> None:
+        """``answers``: ``outs`` are a worker process's ``(status, text)`` pairs."""
         if len(outs) != len(idx):
             outs = [RuntimeError(f"tool answered {len(outs)} of {len(idx)} calls")] * len(idx)
         for i, out in zip(idx, outs, strict=True):
-            if isinstance(out, tuple):  # a worker process's (status, text)
+            if answers:
                 results[i] = ToolResult(out[1], out[0])
             elif isinstance(out, BaseException):
                 results[i] = ToolResult(error_text(out), "error")
@@ -103,7 +104,7 @@ def run_calls(
         # started it: PR_SET_PDEATHSIG)
         if remote:
             for name, outs in run_remote().items():
-                record(remote[name], outs)
+                record(remote[name], outs, answers=True)
         wait_s = max(0.0, deadline - time.monotonic())
         done, late = cf.wait(futures, timeout=wait_s) if futures else (set(), set())
         for future in done:

@@ -35,8 +35,8 @@ import torch
 from lmrl.config.flow import FlowConfig
 from lmrl.config.loader import save_config
 from lmrl.data.sampler import PromptSampler
-from lmrl.data.shapes import ATTRIBUTES, attribute_vector
-from lmrl.errors import CheckpointError, DataError
+from lmrl.data.shapes import ATTRIBUTES, NUM_ATTRIBUTES, attribute_vector
+from lmrl.errors import CheckpointError, DataError, ModelError
 from lmrl.flow.grpo import FlowGRPO, FlowGRPOConfig, flow_advantages
 from lmrl.flow.image_model import ImageFlow
 from lmrl.flow.rewards import find_objects, geneval_checks, load_image_reward
@@ -109,7 +109,8 @@ class FlowTrainer:
     """A Flow-GRPO run from a resolved ``FlowConfig``; ``fit()`` runs it all.
 
     Raises (from the constructor):
-        DataError: unreadable prompts; ValueError: no image model at ``model.path``;
+        DataError: unreadable prompts, or fewer than ``data.train_batch_size`` of them;
+        ModelError: no image model at ``model.path``, or one conditioned on another vector;
         CheckpointError: an unwritable run directory; RewardError: a bad reward.
     """
 
@@ -121,7 +122,17 @@ class FlowTrainer:
         torch.manual_seed(t.seed)
         self.train_prompts = read_prompts(cfg.data.train_files)
         self.val_prompts = read_prompts(cfg.data.val_files) if cfg.data.val_files else []
+        if cfg.data.train_batch_size > len(self.train_prompts):
+            raise DataError(
+                f"data.train_batch_size={cfg.data.train_batch_size} is more than the "
+                f"{len(self.train_prompts)} prompts of {cfg.data.train_files}"
+            )
         model = ImageFlow.load(cfg.model.path)
+        if model.config["cond_dim"] != NUM_ATTRIBUTES:
+            raise ModelError(
+                f"model.path={cfg.model.path} is conditioned on {model.config['cond_dim']} "
+                f"values, the prompts' attribute vector has {NUM_ATTRIBUTES}"
+            )
         self.image_shape = (
             model.config["channels"],
             model.config["image_size"],
