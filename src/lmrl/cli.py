@@ -149,7 +149,7 @@ def _pretrain_flow(args: argparse.Namespace) -> int:
         )
     if args.steps < 1:
         raise LmrlError(f"--steps must be >= 1, got {args.steps}")
-    from lmrl.flow.pretrain import pretrain_image_flow
+    from lmrl.flow.matching import pretrain_image_flow
 
     _, losses = pretrain_image_flow(
         args.images, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,

@@ -1,11 +1,33 @@
 """Shared fixtures of the trainer tests: the overrides of a tiny run (``tiny_workspace`` is in
-tests/conftest.py)."""
+tests/conftest.py), and ``lmrl train`` in a subprocess that a fault may kill."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+FAULT_RUNNER = Path(__file__).with_name("fault_run.py")
+
+
+@pytest.fixture(scope="session")
+def train_subprocess():
+    """``train_subprocess(overrides, fault=None)``: ``lmrl train`` in a subprocess; with
+    ``fault``, SIGKILLed at that stage (fault_run.py)."""
+    return _train_subprocess
+
+
+def _train_subprocess(
+    overrides: list[str], fault: str | None = None
+) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    args = [sys.executable, "-m", "lmrl.cli", "train", *overrides]
+    if fault:
+        args = [sys.executable, str(FAULT_RUNNER), fault, *overrides]
+    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -23,7 +21,6 @@ from lmrl.cli import main as cli_main
 from lmrl.config import ConfigError, load_config
 from lmrl.trainer import Trainer, build_run
 
-FAULT_RUNNER = Path(__file__).with_name("fault_run.py")
 STEPS = 4
 
 
@@ -48,15 +45,20 @@ def agent_args(root: Path, run: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_a_multi_turn_step_trains_on_sampled_tokens_and_logs_tool_use(search_workspace, tmp_path):
-    cfg = load_config(None, agent_args(search_workspace, "one", "trainer.total_training_steps=1"))
-    cfg.trainer.default_local_dir = str(tmp_path / "one")
+def one_step(root: Path, run_dir: Path, *extra: str):
+    """``(trainer, metrics)`` of one step of a multi-turn run (`agent_args`) in ``run_dir``."""
+    cfg = load_config(None, agent_args(root, "one", "trainer.total_training_steps=1", *extra))
+    cfg.trainer.default_local_dir = str(run_dir)
     trainer = Trainer(build_run(cfg), cfg.trainer)
     try:
         trainer.start()
-        metrics = trainer.step()
+        return trainer, trainer.step()
     finally:
         trainer.close()
+
+
+def test_a_multi_turn_step_trains_on_sampled_tokens_and_logs_tool_use(search_workspace, tmp_path):
+    trainer, metrics = one_step(search_workspace, tmp_path / "one")
     batch = trainer.last_batch
     read, trained = response_tokens_mask(batch), batch["response_mask"]
     assert (trained & ~read).sum() == 0 and (read & ~trained).any()  # observations not trained
@@ -99,16 +101,8 @@ def test_a_hanging_tool_from_a_users_file_is_killed_and_the_run_goes_on(search_w
         "    return 'never'\n"
     )
     before = _children()
-    extra = ("trainer.total_training_steps=1", f"rollout.multi_turn.tool_path={user}",
-             "rollout.multi_turn.tool_timeout_s=1")  # fmt: skip
-    cfg = load_config(None, agent_args(search_workspace, "hang", *extra))
-    cfg.trainer.default_local_dir = str(tmp_path / "hang")
-    trainer = Trainer(build_run(cfg), cfg.trainer)
-    try:
-        trainer.start()
-        metrics = trainer.step()
-    finally:
-        trainer.close()
+    extra = (f"rollout.multi_turn.tool_path={user}", "rollout.multi_turn.tool_timeout_s=1")
+    _, metrics = one_step(search_workspace, tmp_path / "hang", *extra)
     assert metrics["agent/tool_calls/mean"] > 0.5
     valid = metrics["agent/tool_calls/mean"] * metrics["agent/valid_call_ratio"]
     assert metrics["agent/tool_timeouts/mean"] == pytest.approx(valid)  # every call it ran
@@ -118,26 +112,20 @@ def test_a_hanging_tool_from_a_users_file_is_killed_and_the_run_goes_on(search_w
     assert not leftover  # every tool worker stopped
 
 
-def run(overrides: list[str], fault: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    args = [sys.executable, "-m", "lmrl.cli", "train", *overrides]
-    if fault:
-        args = [sys.executable, str(FAULT_RUNNER), fault, *overrides]
-    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.slow
-def test_a_multi_turn_run_killed_mid_step_resumes_bitwise_exact(search_workspace, tmp_path):
+def test_a_multi_turn_run_killed_mid_step_resumes_bitwise_exact(
+    search_workspace, tmp_path, train_subprocess
+):
     """The tools are deterministic (BM25 rebuilt from the corpus; python runs with a fixed hash
     seed), so a run SIGKILLed in its 3rd rollout resumes to the uninterrupted run's weights."""
     root = tmp_path
     for name in ("model", "data"):
         (root / name).symlink_to(search_workspace / name)
-    whole = run(agent_args(root, "whole"))
+    whole = train_subprocess(agent_args(root, "whole"))
     assert whole.returncode == 0, whole.stderr[-2000:]
-    killed = run(agent_args(root, "killed"), fault="gen@3")
+    killed = train_subprocess(agent_args(root, "killed"), fault="gen@3")
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    resumed = run(agent_args(root, "killed"))
+    resumed = train_subprocess(agent_args(root, "killed"))
     assert resumed.returncode == 0 and "resumed from" in resumed.stderr, resumed.stderr[-2000:]
     expected = load_file(root / "whole" / f"global_step_{STEPS}" / "actor.safetensors")
     actual = load_file(root / "killed" / f"global_step_{STEPS}" / "actor.safetensors")

@@ -36,9 +36,6 @@ def workspace(tiny_workspace, tmp_path_factory) -> Path:
     return root
 
 
-FAULT_RUNNER = Path(__file__).with_name("fault_run.py")
-
-
 def train_args(root: Path, run: str, *extra: str) -> list[str]:
     return [
         f"model.path={root / 'model'}",
@@ -55,33 +52,26 @@ def train_args(root: Path, run: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def run(overrides: list[str], fault: str | None = None) -> subprocess.CompletedProcess:
-    """``lmrl train`` in a subprocess; with ``fault``, SIGKILLed at that stage (fault_run.py)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    args = [sys.executable, "-m", "lmrl.cli", "train", *overrides]
-    if fault:
-        args = [sys.executable, str(FAULT_RUNNER), fault, *overrides]
-    return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-
-
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(run_dir / f"global_step_{STEPS}" / "actor.safetensors")
 
 
 @pytest.fixture(scope="module")
-def reference_run(workspace) -> Path:
-    result = run(train_args(workspace, "uninterrupted"))
+def reference_run(workspace, train_subprocess) -> Path:
+    result = train_subprocess(train_args(workspace, "uninterrupted"))
     assert result.returncode == 0, result.stderr[-2000:]
     return workspace / "uninterrupted"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fault", ["gen@3", "update_actor@5", "save@2", "reward@5"])
-def test_sigkill_anywhere_then_resume_is_bitwise_exact(workspace, reference_run, fault):
+def test_sigkill_anywhere_then_resume_is_bitwise_exact(
+    workspace, reference_run, fault, train_subprocess
+):
     name = "killed_" + fault.replace("@", "_")
-    killed = run(train_args(workspace, name), fault=fault)
+    killed = train_subprocess(train_args(workspace, name), fault=fault)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    resumed = run(train_args(workspace, name))  # resume_mode=auto is the default
+    resumed = train_subprocess(train_args(workspace, name))  # resume_mode=auto is the default
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resumed from" in resumed.stderr
     expected, actual = final_weights(reference_run), final_weights(workspace / name)

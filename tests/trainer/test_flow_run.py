@@ -19,7 +19,7 @@ from lmrl.trainer.flow import FlowTrainer
 def flow_workspace(tmp_path_factory):
     """The shapes task (64 images) and a tiny image model pre-trained for 3 steps."""
     from lmrl.data.tasks import write_task
-    from lmrl.flow.pretrain import pretrain_image_flow
+    from lmrl.flow.matching import pretrain_image_flow
 
     root = tmp_path_factory.mktemp("flow")
     paths = write_task("shapes", root / "data", seed=0, num_images=64)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from lmrl.config.errors import ConfigError
-from lmrl.config.help import key_lines
+from lmrl.config.help import key_lines, rename_lines
 from lmrl.config.loader import ConfigKind, load_config
 from lmrl.config.schema import LoggerName, opt
 from lmrl.config.validate import range_errors, resolve_run_paths
@@ -242,8 +242,5 @@ def load_flow_config(
 def format_flow_help(width: int = 100) -> str:
     """The text of ``lmrl train-flow --help``: every key, its default and its doc."""
     lines = key_lines(FlowConfig, "lmrl train-flow", "sampler.noise_level=0.7", width)
-    renamed = renames(FLOW)
-    pad = max(len(theirs) for theirs, _ in renamed)
-    lines += ["", "Flow-GRPO's config keys are accepted and translated:"]
-    lines += [f"  {theirs.ljust(pad)} -> {ours}" for theirs, ours in renamed]
+    lines += rename_lines(renames(FLOW), "Flow-GRPO's config keys are accepted and translated:")
     return "\n".join(lines)

@@ -52,6 +52,13 @@ def format_help(sections: Sequence[str] | None = None, width: int = 100) -> str:
     return "\n".join(lines) + "\n"
 
 
+def rename_lines(pairs: Sequence[tuple[str, str]], title: str) -> list[str]:
+    """A blank line, ``title``, then one aligned ``  theirs -> ours`` line per pair (the key
+    translations that ``lmrl sft --help`` and ``lmrl train-flow --help`` list)."""
+    pad = max((len(theirs) for theirs, _ in pairs), default=0)
+    return ["", title, *(f"  {theirs.ljust(pad)} -> {ours}" for theirs, ours in pairs)]
+
+
 def key_lines(
     root: type, command: str, example: str, width: int = 100, sections: Sequence[str] | None = None
 ) -> list[str]:

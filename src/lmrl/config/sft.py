@@ -30,7 +30,7 @@ from typing import Literal
 
 from lmrl.config.errors import ConfigError
 from lmrl.config.fields import get_path
-from lmrl.config.help import key_lines
+from lmrl.config.help import key_lines, rename_lines
 from lmrl.config.loader import ConfigKind, load_config
 from lmrl.config.schema import LoggerName, ModelConfig, OptimConfig, opt
 from lmrl.config.validate import range_errors, resolve_run_paths
@@ -240,10 +240,7 @@ def load_sft_config(
 def format_sft_help(width: int = 100) -> str:
     """The text of ``lmrl sft --help``: every section and key, its default and its doc."""
     lines = key_lines(SFTConfig, "lmrl sft", "optim.lr=1e-4", width)
-    renamed = renames(SFT)
-    pad = max(len(verl) for verl, _ in renamed)
-    lines += ["", "verl SFT keys are accepted and translated:"]
-    lines += [f"  {verl.ljust(pad)} -> {ours}" for verl, ours in renamed]
+    lines += rename_lines(renames(SFT), "verl SFT keys are accepted and translated:")
     lines += ["  keys of verl's GPU stack (FSDP, Liger, sequence parallel...) get a notice."]
     return "\n".join(lines) + "\n"
 

@@ -28,6 +28,7 @@ __all__ = [
     "NUM_ATTRIBUTES",
     "attribute_vector",
     "generate",
+    "png_bytes",
     "prompt_text",
     "random_spec",
     "read_images",
@@ -116,11 +117,13 @@ def generate(rng: random.Random, **_: Any) -> tuple[str, dict, dict]:
     return prompt_text(spec), dict(spec), {"attributes": dict(spec)}
 
 
-def _png(img: np.ndarray) -> bytes:
+def png_bytes(img: np.ndarray, optimize: bool = False) -> bytes:
+    """An (H, W, 3) image in [0, 1] as PNG bytes (8 bits a channel)."""
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray((np.clip(img, 0, 1) * 255).round().astype(np.uint8)).save(buf, "PNG")
+    pixels = (np.clip(img, 0, 1) * 255).round().astype(np.uint8)
+    Image.fromarray(pixels).save(buf, "PNG", optimize=optimize)
     return buf.getvalue()
 
 
@@ -135,7 +138,9 @@ def write_images(out_dir: str | Path, seed: int = 0, num_images: int = 4096, siz
     rows = []
     for _ in range(num_images):
         spec = random_spec(rng)
-        rows.append({"image": _png(render(spec, rng, size)), "prompt": prompt_text(spec), **spec})
+        rows.append(
+            {"image": png_bytes(render(spec, rng, size)), "prompt": prompt_text(spec), **spec}
+        )
     path = Path(out_dir) / "images.parquet"
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path

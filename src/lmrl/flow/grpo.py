@@ -14,7 +14,7 @@ steps (`lmrl.flow.sde.gaussian_kl`), averaged the same way.
 
 Each step's loss is backpropagated on its own (the model's activations of one step of one
 micro-batch at a time), the gradients accumulated over steps and micro-batches, one optimizer
-step per mini-batch.
+step per mini-batch (`lmrl.models.grad.clip_and_step`, as the text side's workers).
 
 The reference is a velocity model that never trains, or ``"adapter"``: the policy is a PEFT
 LoRA model and the reference is the same model with its adapters disabled (no second copy).
@@ -34,6 +34,7 @@ from lmrl.algos.losses import policy_losses
 from lmrl.batch import Batch
 from lmrl.flow.rollout import FlowSampler, VelocityModel
 from lmrl.flow.sde import gaussian_kl
+from lmrl.models.grad import clip_and_step
 
 __all__ = ["FlowGRPO", "FlowGRPOConfig", "flow_advantages"]
 
@@ -52,7 +53,8 @@ class FlowGRPOConfig:
         beta: weight of the KL to the reference; 0 = no reference needed.
         std_scale: multiply each step's advantage by ``2.25 sigma_t`` (the seed's loss).
         mini_batch_size: images per optimizer step; None = all of them.
-        micro_batch_size: images per forward; None = the mini-batch.
+        micro_batch_size: images per forward; None (or more than the mini-batch) = the
+            mini-batch.
         ppo_epochs: passes over the batch.
         max_grad_norm: gradient clipping; None = none.
     """
@@ -167,7 +169,7 @@ class FlowGRPO:
         if advantages.shape != (n,):
             raise ValueError(f"advantages must be ({n},), got {tuple(advantages.shape)}")
         mini = cfg.mini_batch_size or n
-        micro = cfg.micro_batch_size or mini
+        micro = min(cfg.micro_batch_size or mini, mini)
         if n % mini or mini % micro:
             raise ValueError(
                 f"mini_batch_size={mini} must divide the batch ({n}) and micro_batch_size="
@@ -192,22 +194,21 @@ class FlowGRPO:
         cfg = self.config
         mask = batch["step_mask"]
         norm = AggNorm.from_mask(mask)
-        total = float(mask.sum())
+        total = mask.sum()
         if total == 0:
             return {}
-        stats = {"actor/pg_loss": 0.0, "actor/pg_clipfrac": 0.0, "actor/ppo_kl": 0.0}
-        if cfg.beta > 0:
-            stats["actor/kl_loss"] = 0.0
+        keys = ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl"]
+        keys += ["actor/kl_loss"] if cfg.beta > 0 else []
+        stats = dict.fromkeys(keys, torch.zeros(()))  # tensors: one read per mini-batch
         self.optimizer.zero_grad(set_to_none=True)
         for start in range(0, len(batch), micro):
             part = batch.index(slice(start, start + micro))
             extra = work.index(slice(start, start + micro))
             un = None if uncond is None else uncond[extra["row"]]
-            for j in range(mask.shape[1]):
+            counts = part["step_mask"].sum(0)
+            for j in torch.nonzero(counts).flatten().tolist():
                 m = part["step_mask"][:, j : j + 1]
-                if not m.any():
-                    continue
-                weight = float(m.sum()) / total  # this step's share of the token-mean
+                weight = counts[j] / total  # this step's share of the token-mean
                 step = self.sampler.step_log_probs(self.model, part, j, uncond=un)
                 adv = extra["adv"].unsqueeze(1)
                 if cfg.std_scale:
@@ -216,24 +217,16 @@ class FlowGRPO:
                     extra["old"][:, j : j + 1], step.log_prob.unsqueeze(1), adv, m,
                     "token-mean", norm=norm, clip_ratio=cfg.clip_range,
                 )  # fmt: skip
-                stats["actor/pg_loss"] += loss.item()
-                stats["actor/pg_clipfrac"] += float(pg["pg_clipfrac"]) * weight
-                stats["actor/ppo_kl"] += float(pg["ppo_kl"]) * weight
+                stats["actor/pg_loss"] = stats["actor/pg_loss"] + loss.detach()
+                stats["actor/pg_clipfrac"] = stats["actor/pg_clipfrac"] + pg["pg_clipfrac"] * weight
+                stats["actor/ppo_kl"] = stats["actor/ppo_kl"] + pg["ppo_kl"] * weight
                 if cfg.beta > 0:
                     ref_mean = self.reference_means(part, j, un)
                     kl = gaussian_kl(step.mean, ref_mean, step.std, self.sampler.reduce)
                     kl_loss = (kl * m[:, 0]).sum() / total
-                    stats["actor/kl_loss"] += kl_loss.item()
+                    stats["actor/kl_loss"] = stats["actor/kl_loss"] + kl_loss.detach()
                     loss = loss + cfg.beta * kl_loss
                 loss.backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        if cfg.max_grad_norm is not None:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-        else:
-            grads = [p.grad.norm() for p in params if p.grad is not None]
-            grad_norm = torch.linalg.vector_norm(torch.stack(grads)) if grads else torch.zeros(())
-        stats["actor/grad_norm"] = float(grad_norm)
-        if torch.isfinite(grad_norm):
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return stats
+        stats["actor/grad_norm"], _ = clip_and_step(params, self.optimizer, cfg.max_grad_norm)
+        return {key: float(value) for key, value in stats.items()}

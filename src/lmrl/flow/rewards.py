@@ -3,7 +3,9 @@ detector, simple image statistics, and the user's own functions from a file.
 
 Every reward is ``fn(images, prompts, metadata) -> scores``: ``images`` a float tensor
 (B, 3, H, W) in [0, 1], ``prompts`` the B prompt strings, ``metadata`` B dicts (a shapes
-prompt's attributes), returning B floats (a list, array or tensor).
+prompt's attributes), returning B floats (a list, array or tensor), or a dict of such columns
+holding ``"score"`` and per-image values the run logs beside it (the built-in ``geneval``
+returns its four checks so, and the run logs their means without detecting anything twice).
 
 **The detector** (`find_objects`) reads a ``shapes`` image as the renderer draws it: a pixel is
 an object's when its brightest channel is above 0.35 and leads the next by 0.25 (its colour is
@@ -20,9 +22,9 @@ prompt's half).
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,19 +32,21 @@ import numpy as np
 import torch
 
 from lmrl._userfile import UserFileError, import_user_file
-from lmrl.data.shapes import COLOURS
+from lmrl.data.shapes import COLOURS, png_bytes
 from lmrl.errors import RewardError
 
 __all__ = [
     "IMAGE_REWARDS",
     "DetectedObject",
+    "ImageReward",
     "find_objects",
     "geneval",
     "geneval_checks",
+    "geneval_scores",
     "load_image_reward",
 ]
 
-ImageReward = Callable[[torch.Tensor, Sequence[str], Sequence[dict]], Any]
+ImageRewardFn = Callable[[torch.Tensor, Sequence[str], Sequence[dict]], Any]
 _CHANNEL_COLOUR = {channel: name for name, (channel, _) in COLOURS.items()}
 
 
@@ -126,16 +130,24 @@ def geneval_checks(objects: list[DetectedObject], spec: dict, size: int) -> dict
     }
 
 
+def geneval_scores(
+    images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], strict: bool = False
+) -> dict[str, torch.Tensor]:
+    """GenEval-like rule reward with its checks: ``{"score": (B,), "colour": (B,), ...}``; the
+    score is the mean of the four checks (``strict``: their minimum)."""
+    size = images.shape[-1]
+    rows = [geneval_checks(o, s, size) for o, s in zip(find_objects(images), metadata, strict=True)]
+    checks = {key: torch.tensor([r[key] for r in rows]) for key in rows[0]} if rows else {}
+    table = torch.stack(list(checks.values()), 1) if rows else torch.zeros(0, 4)
+    score = table.amin(1) if strict else table.mean(1)
+    return {"score": score, **checks}
+
+
 def geneval(
     images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], strict: bool = False
 ) -> torch.Tensor:
     """GenEval-like rule reward: (B,) mean of the four checks (``strict``: all of them)."""
-    size = images.shape[-1]
-    scores = []
-    for objects, spec in zip(find_objects(images), metadata, strict=True):
-        checks = geneval_checks(objects, spec, size)
-        scores.append(min(checks.values()) if strict else sum(checks.values()) / len(checks))
-    return torch.tensor(scores)
+    return geneval_scores(images, prompts, metadata, strict)["score"]
 
 
 def brightness(images: torch.Tensor, prompts=None, metadata=None) -> torch.Tensor:
@@ -145,28 +157,64 @@ def brightness(images: torch.Tensor, prompts=None, metadata=None) -> torch.Tenso
 
 def compressibility(images: torch.Tensor, prompts=None, metadata=None) -> torch.Tensor:
     """Minus the PNG size in bits per pixel (an image that compresses well scores higher)."""
-    from PIL import Image
-
     out = []
-    for img in images.detach().float().clamp(0, 1).cpu():
-        buf = io.BytesIO()
-        pixels = (img.permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
-        Image.fromarray(pixels).save(buf, "PNG", optimize=True)
-        out.append(-8.0 * len(buf.getvalue()) / (img.shape[1] * img.shape[2]))
+    for img in images.detach().float().cpu():
+        size = len(png_bytes(img.permute(1, 2, 0).numpy(), optimize=True))
+        out.append(-8.0 * size / (img.shape[1] * img.shape[2]))
     return torch.tensor(out)
 
 
-IMAGE_REWARDS: dict[str, ImageReward] = {
-    "geneval": geneval,
-    "geneval_strict": lambda images, prompts, metadata: geneval(images, prompts, metadata, True),
+IMAGE_REWARDS: dict[str, ImageRewardFn] = {
+    "geneval": geneval_scores,
+    "geneval_strict": partial(geneval_scores, strict=True),
     "brightness": brightness,
     "compressibility": compressibility,
 }
 
 
+class ImageReward:
+    """A reward function with its output checked: ``reward(images, prompts, metadata)`` is the
+    (B,) float scores; `score` also returns the per-image values a function may return beside
+    them (``{"score": ..., "shape": ...}``: the geneval checks), for the run's metrics."""
+
+    def __init__(self, fn: ImageRewardFn, label: str) -> None:
+        self.fn, self.label = fn, label
+
+    def _column(self, values: Any, what: str, count: int) -> torch.Tensor:
+        column = torch.as_tensor(np.asarray(values, dtype=np.float32))
+        if column.shape != (count,) or not torch.isfinite(column).all():
+            raise RewardError(
+                f"image reward {self.label} must return {count} finite {what}, got shape "
+                f"{tuple(column.shape)}"
+            )
+        return column
+
+    def score(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``(scores (B,), {name: (B,)})``.
+
+        Raises:
+            RewardError: not B finite scores (or values), or a dict without ``"score"``.
+        """
+        out = self.fn(images, prompts, metadata)
+        count = images.shape[0]
+        if not isinstance(out, dict):
+            return self._column(out, "scores", count), {}
+        if "score" not in out:
+            raise RewardError(f"image reward {self.label} returned a dict without 'score'")
+        extras = {
+            k: self._column(v, f"{k!r} values", count) for k, v in out.items() if k != "score"
+        }
+        return self._column(out["score"], "scores", count), extras
+
+    def __call__(self, images, prompts, metadata) -> torch.Tensor:
+        return self.score(images, prompts, metadata)[0]
+
+
 def load_image_reward(name: str | None = None, path: str | Path | None = None) -> ImageReward:
     """A built-in image reward by name, or the function ``name`` (default ``reward_fn``) of
-    the user's file ``path``; the result returns a float tensor (B,) and checks it.
+    the user's file ``path``, as an `ImageReward`.
 
     Raises:
         RewardError: an unknown name, a file that is missing or fails to import, a missing
@@ -178,26 +226,13 @@ def load_image_reward(name: str | None = None, path: str | Path | None = None) -
                 f"unknown image reward {name!r}; built in: {', '.join(IMAGE_REWARDS)} (or give "
                 "a file of your own)"
             )
-        fn = IMAGE_REWARDS[name]
-        label = name
-    else:
-        name = name or "reward_fn"
-        try:
-            module = import_user_file(path, "lmrl_user_image_reward")
-        except UserFileError as err:
-            raise RewardError(f"image reward file {path} {err}") from err.__cause__
-        fn = getattr(module, name, None)
-        if not callable(fn):
-            raise RewardError(f"image reward file {path} has no function {name!r}")
-        label = f"{name} in {path}"
-
-    def checked(images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]):
-        scores = torch.as_tensor(np.asarray(fn(images, prompts, metadata), dtype=np.float32))
-        if scores.shape != (images.shape[0],) or not torch.isfinite(scores).all():
-            raise RewardError(
-                f"image reward {label} must return {images.shape[0]} finite scores, got "
-                f"shape {tuple(scores.shape)}"
-            )
-        return scores
-
-    return checked
+        return ImageReward(IMAGE_REWARDS[name], name)
+    name = name or "reward_fn"
+    try:
+        module = import_user_file(path, "lmrl_user_image_reward")
+    except UserFileError as err:
+        raise RewardError(f"image reward file {path} {err}") from err.__cause__
+    fn = getattr(module, name, None)
+    if not callable(fn):
+        raise RewardError(f"image reward file {path} has no function {name!r}")
+    return ImageReward(fn, f"{name} in {path}")

@@ -56,7 +56,7 @@ def run_flow_demo(
 
     from lmrl.config.flow import load_flow_config
     from lmrl.data.tasks import write_task
-    from lmrl.flow.pretrain import pretrain_image_flow
+    from lmrl.flow.matching import pretrain_image_flow
     from lmrl.logging.plot import plot_run
     from lmrl.trainer.flow import FlowTrainer
 

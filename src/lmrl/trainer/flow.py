@@ -14,9 +14,10 @@ continues from its last checkpoint and ends with the weights an uninterrupted ru
 
 Metrics (``metrics.jsonl``): ``critic/score/mean`` (the reward of the step's images, the name
 ``lmrl plot`` draws), ``critic/score/std``, ``flow/zero_spread_groups`` (prompts whose images
-all scored the same: they teach nothing), per-check means for the ``geneval`` rewards
-(``flow/check/<name>``), the update's ``actor/*``, ``val/<source>/reward/mean``, and timings
-(``timing_s/sample``, ``timing_s/reward``, ``timing_s/update``, ``perf/images_per_s``).
+all scored the same: they teach nothing), the means of what the reward returns beside its
+score (``flow/check/<name>``: the ``geneval`` checks), the update's ``actor/*``,
+``val/<source>/reward/mean``, and timings (``timing_s/sample``, ``timing_s/reward``,
+``timing_s/update``, ``perf/images_per_s``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from lmrl.data.shapes import ATTRIBUTES, NUM_ATTRIBUTES, attribute_vector
 from lmrl.errors import CheckpointError, DataError, ModelError
 from lmrl.flow.grpo import FlowGRPO, FlowGRPOConfig, flow_advantages
 from lmrl.flow.image_model import ImageFlow
-from lmrl.flow.rewards import find_objects, geneval_checks, load_image_reward
+from lmrl.flow.rewards import load_image_reward
 from lmrl.flow.rollout import FlowSampler
 from lmrl.logging import make_trackers
 from lmrl.trainer.checkpoint import latest_checkpoint, load_state, read_weights, save_checkpoint
@@ -197,17 +198,12 @@ class FlowTrainer:
         return torch.zeros_like(cond) if self.cfg.sampler.guidance_scale != 1.0 else None
 
     def _score(self, images: torch.Tensor, rows: list[dict]) -> tuple[torch.Tensor, dict]:
-        """Rewards of images in [-1, 1], and the geneval checks' means when that is the reward."""
+        """Rewards of images in [-1, 1], and the means of what the reward returns beside them
+        (``flow/check/<name>``: the geneval checks)."""
         pixels = ((images + 1) / 2).clamp(0, 1)
-        scores = self.reward(pixels, [r["prompt"] for r in rows], [r["attributes"] for r in rows])
-        extra = {}
-        if self.cfg.reward.path is None and self.cfg.reward.name.startswith("geneval"):
-            checks = [
-                geneval_checks(o, r["attributes"], pixels.shape[-1])
-                for o, r in zip(find_objects(pixels), rows, strict=True)
-            ]
-            extra = {f"flow/check/{k}": float(np.mean([c[k] for c in checks])) for k in checks[0]}
-        return scores, extra
+        prompts, metadata = [r["prompt"] for r in rows], [r["attributes"] for r in rows]
+        scores, extras = self.reward.score(pixels, prompts, metadata)
+        return scores, {f"flow/check/{k}": float(v.mean()) for k, v in extras.items()}
 
     def step(self) -> dict[str, float]:
         """One Flow-GRPO step; returns its metrics."""

@@ -31,7 +31,8 @@ from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
 from lmrl.models import Reference, compute_log_probs, forward_log_probs
 from lmrl.models.forward import forward_log_probs_and_kl
-from lmrl.workers.optim import TrainableWorker, clip_and_step
+from lmrl.models.grad import clip_and_step
+from lmrl.workers.optim import TrainableWorker
 
 UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
                "loss_mask", "advantages", "old_log_probs", "ref_log_probs",

@@ -15,7 +15,8 @@ from lmrl.algos import AggNorm, value_loss
 from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
 from lmrl.models.critic import compute_values, forward_values
-from lmrl.workers.optim import TrainableWorker, clip_and_step
+from lmrl.models.grad import clip_and_step
+from lmrl.workers.optim import TrainableWorker
 
 UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
                "values", "returns")  # fmt: skip

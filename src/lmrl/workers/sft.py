@@ -21,7 +21,8 @@ from torch import nn
 
 from lmrl.algos.agg import AggNorm, agg_loss
 from lmrl.models.forward import eval_mode, forward_log_probs
-from lmrl.workers.optim import TrainableWorker, clip_and_step
+from lmrl.models.grad import clip_and_step
+from lmrl.workers.optim import TrainableWorker
 
 
 def sft_token_log_probs(
