@@ -14,7 +14,7 @@ seconds. The rows also go to ``--out/learning.jsonl``.
 
 Usage:
     python benchmarks/learning.py --tasks count,sort --variants base,binary [--seeds 0,1]
-    python benchmarks/learning.py --side trl --tasks count --variants base   # TRL, same runs
+    python benchmarks/learning.py --side trl --tasks count --variants base,t07_lr1e-4  # TRL
     python benchmarks/learning.py --list          # the variants and their overrides
 """
 
@@ -49,6 +49,14 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         "cooler sampling and a lower learning rate together",
     ),
     "n16": (["rollout.n=16"], "16 samples per prompt (twice the samples per step)"),
+    "t07_lr1e-4_binary": (
+        [
+            "rollout.temperature=0.7",
+            "actor.optim.lr=1e-4",
+            "reward.scorer_options.{task}.binary=true",
+        ],
+        "the recipe with the exact-match reward",
+    ),
     "n16_t07_lr1e-4": (
         ["rollout.n=16", "rollout.temperature=0.7", "actor.optim.lr=1e-4"],
         "the recipe with 16 samples per prompt",
@@ -100,7 +108,7 @@ def prepare(task: str, seed: int, work: Path, sft_acc: float, num_train: int) ->
     )
     sft = run_sft(
         model, data, base / "sft", seed=seed, target_acc=sft_acc, max_steps=400, lr=1e-3,
-        batch_size=64, max_new_tokens=8, console=False,
+        batch_size=64, max_new_tokens=8, console=False, max_acc=max(0.5, sft_acc + 0.1),
     )  # fmt: skip
     out = {
         "model": str(sft["model"]),
@@ -130,13 +138,14 @@ def run_variant(task, seed, variant, prep, work: Path, steps: int, target: float
 
 
 def run_trl(task, seed, variant, prep, work: Path, steps: int, target: float) -> dict:
-    """The same run with TRL's ``GRPOTrainer`` (variants ``base`` and ``binary`` only).
+    """The same run with TRL's ``GRPOTrainer`` (the variants that change only the
+    temperature, the learning rate, the samples per prompt or the reward: `_trl_settings`).
 
     Matched to ``run_rl``'s recipe: G=8, 16 prompts a step, one update per batch, AdamW (lr
     3e-4 after 10 linear warmup steps, then constant; weight decay 0.01), gradient norm
     clipped at 1, clip epsilon 0.2, token-mean loss (TRL's ``loss_type="dapo"``), group-std
-    advantages, no KL, temperature 1; greedy exact match measured every 10 steps by the same
-    `GreedyAccuracy` as lmrl's runs.
+    advantages, no KL, temperature 1 (each changed as the variant says); greedy exact match
+    measured every 10 steps by the same `GreedyAccuracy` as lmrl's runs.
     """
     import datasets
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
@@ -145,9 +154,8 @@ def run_trl(task, seed, variant, prep, work: Path, steps: int, target: float) ->
     from lmrl.rewards.scorers import BuiltinScorer
     from lmrl.trainer.demo import GreedyAccuracy
 
-    if variant not in ("base", "binary"):
-        raise SystemExit(f"--side trl runs the variants base and binary, not {variant!r}")
-    scorer = BuiltinScorer({task: {"binary": True}} if variant == "binary" else None)
+    settings = _trl_settings(task, variant)
+    scorer = BuiltinScorer({task: {"binary": True}} if settings["binary"] else None)
     rows = datasets.load_dataset("parquet", data_files=prep["data"]["train"], split="train")
     rows = rows.map(
         lambda r: {"ground_truth": r["reward_model"]["ground_truth"]},
@@ -185,8 +193,9 @@ def run_trl(task, seed, variant, prep, work: Path, steps: int, target: float) ->
 
     config = GRPOConfig(
         output_dir=str(work / f"{task}-s{seed}" / f"trl-{variant}"),
-        per_device_train_batch_size=16 * 8, gradient_accumulation_steps=1, num_generations=8,
-        max_completion_length=8, temperature=1.0, top_p=1.0, top_k=0, learning_rate=3e-4,
+        per_device_train_batch_size=16 * settings["n"], gradient_accumulation_steps=1,
+        num_generations=settings["n"], max_completion_length=8,
+        temperature=settings["temperature"], top_p=1.0, top_k=0, learning_rate=settings["lr"],
         lr_scheduler_type="constant_with_warmup", warmup_steps=10, weight_decay=0.01,
         max_grad_norm=1.0, epsilon=0.2, num_iterations=1, loss_type="dapo",
         scale_rewards="group", beta=0.0, gradient_checkpointing=False, bf16=False, fp16=False,
@@ -203,6 +212,34 @@ def run_trl(task, seed, variant, prep, work: Path, steps: int, target: float) ->
     trainer.train()
     return _row(task, seed, f"trl-{variant}", prep, before, accs, log, trainer.state.global_step,
                 time.perf_counter() - start)  # fmt: skip
+
+
+# lmrl override -> (TRL setting, type); a variant made only of these runs on TRL as well
+_TRL_KEYS = {
+    "rollout.temperature": ("temperature", float),
+    "actor.optim.lr": ("lr", float),
+    "rollout.n": ("n", int),
+}
+
+
+def _trl_settings(task: str, variant: str) -> dict:
+    """The TRL side's settings of ``variant``: the demo's recipe with the variant's
+    temperature, learning rate, samples per prompt or binary reward."""
+    settings = {"temperature": 1.0, "lr": 3e-4, "n": 8, "binary": False}
+    for override in VARIANTS[variant][0]:
+        key, value = override.split("=", 1)
+        if key == "reward.scorer_options.{task}.binary":
+            settings["binary"] = value == "true"
+        elif key in _TRL_KEYS:
+            name, kind = _TRL_KEYS[key]
+            settings[name] = kind(value)
+        else:
+            raise SystemExit(
+                f"--side trl cannot run the variant {variant!r} ({override} has no TRL setting "
+                f"here; TRL runs the variants that change only {', '.join(_TRL_KEYS)} or the "
+                "binary reward)"
+            )
+    return settings
 
 
 def _row(task, seed, variant, prep, before, accs, hist, steps, seconds) -> dict:

@@ -127,3 +127,30 @@ def test_one_on_policy_update_panels_say_zero_by_construction():
     series["actor/old_log_prob_recomputed"] = (steps, np.ones(3))
     labels = [line.get_label() for ax in draw_run(series).axes for line in ax.get_lines()]
     assert "ppo_kl (old -> new policy)" in labels and "pg_clipfrac" in labels
+
+
+def test_an_image_run_gets_its_own_panels():
+    steps = np.array([1.0, 2.0, 3.0])
+    series = {
+        "critic/score/mean": (steps, np.array([0.3, 0.4, 0.5])),
+        "flow/check/shape": (steps, np.array([0.4, 0.5, 0.6])),
+        "flow/check/count": (steps, np.array([0.9, 0.9, 1.0])),
+        "val/shapes/reward/mean": (np.array([0.0, 3.0]), np.array([0.4, 0.6])),
+        "val/shapes/check/shape": (np.array([0.0, 3.0]), np.array([0.5, 0.7])),
+        "flow/zero_spread_groups": (steps, np.array([0.1, 0.0, 0.2])),
+        "timing_s/step": (steps, np.array([5.0, 5.1, 5.2])),
+        "perf/images_per_s": (steps, np.array([48.0, 47.0, 46.0])),
+        "actor/ppo_kl": (steps, np.array([1e-4, 2e-4, 1e-4])),
+        "actor/pg_clipfrac": (steps, np.array([0.0, 0.01, 0.02])),
+        "actor/grad_norm": (steps, np.array([0.5, 0.4, 0.6])),
+    }
+    fig = draw_run(series)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["Reward", "Reward checks", "Time per step", "KL",
+                      "Groups and gradient", "Clip fraction"]  # fmt: skip
+    labels = {line.get_label() for ax in fig.axes for line in ax.get_lines()}
+    assert {"train shape", "val shapes shape", "train count", "step", "pg_clipfrac",
+            "groups scored all alike (right axis)", "images/s (right axis)",
+            "val shapes reward"} <= labels  # fmt: skip
+    notes = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "no data" not in notes  # no empty text-model panel

@@ -37,7 +37,7 @@ def _args(root, run, *extra):
         "trainer.test_freq=2", "data.train_batch_size=2", "sampler.n=2",
         "sampler.num_steps=4", "sampler.val_num_steps=4", "actor.micro_batch_size=2",
         "actor.ppo_mini_batch_size=2", "actor.clip_range=0.2", "actor.optim.lr=1e-3",
-        *extra,
+        "trainer.device=cpu", *extra,
     ]  # fmt: skip
 
 
@@ -45,7 +45,8 @@ def test_a_flow_run_trains_validates_checkpoints_and_plots(flow_workspace, tmp_p
     from lmrl.logging.plot import plot_run
 
     run = tmp_path / "run"
-    extra = ("actor.beta=0.1", "actor.recompute_old_log_probs=true")
+    extra = ("actor.beta=0.1", "actor.recompute_old_log_probs=true",
+             "trainer.val_images_per_prompt=2")  # fmt: skip
     trainer = FlowTrainer(load_flow_config(None, _args(flow_workspace, run, *extra)))
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     result = trainer.fit()
@@ -59,7 +60,16 @@ def test_a_flow_run_trains_validates_checkpoints_and_plots(flow_workspace, tmp_p
     for key in ("flow/zero_spread_groups", "flow/check/shape", "actor/pg_loss",
                 "actor/kl_loss", "perf/images_per_s", "timing_s/update"):  # fmt: skip
         assert key in steps[0], key
-    assert any("val/shapes/reward/mean" in m for m in lines)
+    vals = [m for m in lines if "val/shapes/reward/mean" in m]
+    assert [m["step"] for m in vals] == [0, 2, 4]
+    for m in vals:  # the checks of the validation images, and their mean is the reward
+        checks = [m[f"val/shapes/check/{c}"] for c in ("colour", "count", "shape", "position")]
+        assert sum(checks) / 4 == pytest.approx(m["val/shapes/reward/mean"])
+    from PIL import Image
+
+    cell = (trainer.image_shape[-1] + 2) * 4  # image_grid: a 1-pixel border, scaled 4x
+    grid = Image.open(run / "samples" / "step_0.png")  # 2 images a prompt, one row per prompt
+    assert grid.size == (2 * cell, len(trainer.val_prompts) * cell)
     assert {p.name for p in (run / "samples").iterdir()} == {
         "step_0.png",
         "step_2.png",
@@ -108,6 +118,11 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, 
         (["model.path=/nowhere"], "model.path=/nowhere is not an image flow model"),
         (["data.train_files=/nowhere.parquet"], "cannot read prompt file /nowhere.parquet"),
         (["data.train_batch_size=61"], "more than the 60 prompts"),
+        pytest.param(
+            ["trainer.device=cuda"],
+            "trainer.device=cuda but CUDA is not available",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available"),
+        ),
     ],
 )
 def test_bad_flow_input_is_a_one_line_error(flow_workspace, tmp_path, capsys, extra, message):
@@ -115,6 +130,27 @@ def test_bad_flow_input_is_a_one_line_error(flow_workspace, tmp_path, capsys, ex
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_flow_run_on_a_gpu_checkpoints_what_a_cpu_run_resumes(flow_workspace, tmp_path):
+    run = tmp_path / "run"
+    extra = ("trainer.total_training_steps=2", "actor.beta=0.1",
+             "actor.recompute_old_log_probs=true", "trainer.device=cuda")  # fmt: skip
+    gpu = FlowTrainer(load_flow_config(None, _args(flow_workspace, run, *extra)))
+    assert next(gpu.model.parameters()).is_cuda
+    result = gpu.fit()
+    assert all(torch.isfinite(torch.tensor(v)) for h in result["history"] for v in h.values())
+    assert sorted(result["val"]) == [0, 2]
+    saved = load_file(run / "global_step_2" / "model.safetensors")
+    for key, value in gpu.model.state_dict().items():
+        assert torch.equal(saved[key], value.cpu()), key
+    # the GPU run's checkpoint resumes on the CPU and trains on
+    cpu = FlowTrainer(load_flow_config(None, _args(flow_workspace, run, "trainer.total_training_steps=3",
+                                                   "actor.beta=0.1")))  # fmt: skip
+    assert cpu.global_step == 2
+    cpu.fit()
+    assert (run / "global_step_3").is_dir()
 
 
 def test_prompts_without_attributes_are_named(flow_workspace, tmp_path, capsys):
@@ -140,7 +176,17 @@ def test_the_fast_flow_demo_runs_end_to_end(tmp_path, capsys):
     assert (tmp_path / "demo" / "before_after.png").is_file()
     assert (tmp_path / "demo" / "run" / "plot.png").is_file()
     assert 0 <= summary["val_reward_before"] <= 1 and 0 <= summary["val_reward_after"] <= 1
-    assert "validation reward" in capsys.readouterr().out
+    assert summary["val_steps"] == [0, 2]
+    assert list(summary["val"]) == ["reward", "colour", "count", "position", "shape"]
+    for values in summary["val"].values():
+        assert len(values) == 2 and all(0 <= v <= 1 for v in values)
+    # the reward is the mean of the four checks (geneval), at every validation
+    checks = [summary["val"][c] for c in ("colour", "count", "position", "shape")]
+    assert summary["val"]["reward"] == pytest.approx(
+        [sum(c) / 4 for c in zip(*checks, strict=True)]
+    )
+    out = capsys.readouterr().out
+    assert "validation reward" in out and "position" in out
 
 
 def test_pretrain_flow_writes_a_model_train_flow_loads(flow_workspace, tmp_path, capsys):

@@ -141,10 +141,16 @@ class FlowTrainerConfig:
         10, "Checkpoint every this many steps (and at the end); <= 0 = at the end only."
     )
     test_freq: int = opt(-1, "Validate every this many steps (and before and after); <= 0 = ends.")
+    val_images_per_prompt: int = opt(
+        4, "Validation images per prompt (ODE samples from fixed noise), >= 1."
+    )
     resume_mode: Literal["auto", "disable"] = opt(
         "auto", "auto = resume from the run directory's latest checkpoint, if any."
     )
     seed: int = opt(0, "Global seed (noise, prompt order, LoRA initialization).")
+    device: Literal["auto", "cpu", "cuda"] = opt(
+        "auto", "Where the model samples and trains: auto = cuda when available, else cpu."
+    )
     logger: list[LoggerName] = opt(["console"], "console; metrics.jsonl is always written.")
 
 
@@ -194,6 +200,7 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
         ("actor.max_grad_norm", lambda x: x > 0, "must be > 0"),
         ("actor.optim.lr", lambda x: x >= 0, "must be >= 0"),
         ("trainer.total_training_steps", lambda x: x >= 1, "must be >= 1"),
+        ("trainer.val_images_per_prompt", lambda x: x >= 1, "must be >= 1"),
     )
     errors = range_errors(cfg, checks)
     images = cfg.data.train_batch_size * s.n

@@ -158,7 +158,7 @@ class FlowGRPO:
             old_log_probs: (B, K) the ratio's anchor; None = the rollout's ``log_probs``
                 (bypass: on-policy they are equal, see `old_log_probs`).
             uncond: (B, ...) unconditional conditioning for classifier-free guidance.
-            generator: shuffles the images between epochs.
+            generator: shuffles the images between epochs (a CPU or a CUDA generator).
 
         Returns:
             metrics averaged over the optimizer steps: ``actor/pg_loss``, ``actor/pg_clipfrac``,
@@ -176,12 +176,19 @@ class FlowGRPO:
                 f"{micro} the mini-batch"
             )
         old = batch["log_probs"] if old_log_probs is None else old_log_probs
-        work = Batch({"old": old.float(), "adv": advantages.float(), "row": torch.arange(n)})
+        work = Batch(
+            {
+                "old": old.float(),
+                "adv": advantages.float(),
+                "row": torch.arange(n, device=old.device),
+            }
+        )
         sums: dict[str, float] = {}
         updates = 0
         self.model.train()
+        shuffle_on = generator.device if generator is not None else "cpu"
         for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(n, generator=generator)
+            order = torch.randperm(n, generator=generator, device=shuffle_on)
             for start in range(0, n, mini):
                 rows = order[start : start + mini]
                 metrics = self._mini_batch(batch.index(rows), work.index(rows), micro, uncond)
@@ -199,7 +206,7 @@ class FlowGRPO:
             return {}
         keys = ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl"]
         keys += ["actor/kl_loss"] if cfg.beta > 0 else []
-        stats = dict.fromkeys(keys, torch.zeros(()))  # tensors: one read per mini-batch
+        stats = dict.fromkeys(keys, torch.zeros((), device=mask.device))  # one read per mini-batch
         self.optimizer.zero_grad(set_to_none=True)
         for start in range(0, len(batch), micro):
             part = batch.index(slice(start, start + micro))

@@ -5,7 +5,10 @@ validation (acc, mean@k, pass@k per data source), response length (mean with its
 band, clip ratio on a second axis), KL (ppo_kl, kl_loss, reward_kl_penalty), entropy (with
 the fraction of prompt groups that scored all alike on a second axis: a collapse shows as
 entropy falling while that fraction climbs) and clipfrac (in a multi-turn run, tool use
-instead: turns and tool calls per sample, the answered and valid-call fractions). A panel without data says "no data"
+instead: turns and tool calls per sample, the answered and valid-call fractions). An image run
+of ``lmrl train-flow`` (``flow/*`` metrics) has its own panels after the reward: the reward's
+checks, time per step, KL, zero-spread groups with the gradient norm, and the clip fraction.
+A panel without data says "no data"
 rather than staying blank, so a missing metric is visible; ppo_kl and the clip fractions of a
 run with one on-policy update per batch say they are 0 by construction instead of drawing a
 flat 0. Optional smoothing is TensorBoard's debiased exponential moving average, drawn over
@@ -131,6 +134,17 @@ class _Panel:
         self.drawn += 1
         return True
 
+    def fraction(self, key: str, label: str, ylabel: str, **style) -> Axes | None:
+        """``key`` (a fraction in [0, 1]) on a second y-axis, dashed; the axis, or None
+        without that series."""
+        if key not in self.series:
+            return None
+        twin = self.ax.twinx()
+        twin.set_ylabel(ylabel)
+        twin.set_ylim(-0.02, 1.02)
+        self.line(key, label, ax=twin, **{"linestyle": "--", **style})
+        return twin
+
     def band(self, low_key: str, high_key: str, color: str | None = None) -> None:
         if low_key in self.series and high_key in self.series:
             (s_lo, lo), (s_hi, hi) = self.series[low_key], self.series[high_key]
@@ -208,6 +222,12 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
             p.points(names[name], f"val {source} {name.replace('/mean', '')}", color=f"C{3 + i}")
     p.finish()
 
+    if any(key.startswith("flow/") for key in series):  # an image run (lmrl train-flow)
+        _draw_image_panels(axes, series, smooth, val)
+        if title:
+            fig.suptitle(title, fontsize=13)
+        return fig
+
     p = _Panel(axes[0, 1], series, smooth, "Validation", "score / accuracy")
     styles = {"acc": ("-", "o"), "mean@": ("--", "s"), "pass@": (":", "^")}
     for i, (source, names) in enumerate(val.items()):
@@ -224,13 +244,8 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
     p = _Panel(axes[0, 2], series, smooth, "Response length", "tokens")
     p.band("response_length/min", "response_length/max", color="C0")
     p.line("response_length/mean", "mean (min-max band)", color="C0")
-    twin = None
-    if "response_length/clip_ratio" in series:
-        twin = p.ax.twinx()
-        twin.set_ylabel("clip ratio")
-        twin.set_ylim(-0.02, 1.02)
-        p.line("response_length/clip_ratio", "clip ratio (right axis)", ax=twin, color="C3",
-               linestyle="--")  # fmt: skip
+    twin = p.fraction("response_length/clip_ratio", "clip ratio (right axis)", "clip ratio",
+                      color="C3")  # fmt: skip
     p.finish(extra_handles_from=twin)
 
     # one on-policy update per batch: the PPO ratio is exactly 1, so ppo_kl and the clip
@@ -249,13 +264,8 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
 
     p = _Panel(axes[1, 1], series, smooth, "Entropy", "nats / token")
     p.line("actor/entropy", "actor entropy", color="C4")
-    twin = None
-    if "critic/score/zero_spread_frac" in series:
-        twin = p.ax.twinx()
-        twin.set_ylabel("fraction of groups")
-        twin.set_ylim(-0.02, 1.02)
-        p.line("critic/score/zero_spread_frac", "groups scored all alike (right axis)",
-               ax=twin, color="C3", linestyle="--")  # fmt: skip
+    twin = p.fraction("critic/score/zero_spread_frac", "groups scored all alike (right axis)",
+                      "fraction of groups", color="C3")  # fmt: skip
     p.finish(extra_handles_from=twin)
 
     if "agent/turns/mean" in series:  # a multi-turn run: tool use takes the last panel
@@ -285,6 +295,49 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
     if title:
         fig.suptitle(title, fontsize=13)
     return fig
+
+
+def _draw_image_panels(axes, series: Series, smooth: float, val: dict) -> None:
+    """The five panels after the reward of a Flow-GRPO run: the reward's checks (train lines,
+    validation points), time per step, KL, zero-spread groups with the gradient norm, and
+    the clip fraction."""
+    p = _Panel(axes[0, 1], series, smooth, "Reward checks", "fraction of images")
+    checks = sorted(k.removeprefix("flow/check/") for k in series if k.startswith("flow/check/"))
+    for i, name in enumerate(checks):
+        p.line(f"flow/check/{name}", f"train {name}", color=f"C{i}")
+        for source in val:
+            p.points(f"val/{source}/check/{name}", f"val {source} {name}", color=f"C{i}")
+    p.finish()
+
+    p = _Panel(axes[0, 2], series, smooth, "Time per step", "seconds")
+    for i, (key, label) in enumerate(
+        [("timing_s/step", "step"), ("timing_s/sample", "sampling"),
+         ("timing_s/reward", "reward"), ("timing_s/update", "update (with old log-probs)")]
+    ):  # fmt: skip
+        p.line(key, label, color=f"C{i}")
+    twin = None
+    if "perf/images_per_s" in series:
+        twin = p.ax.twinx()
+        twin.set_ylabel("images / s")
+        p.line("perf/images_per_s", "images/s (right axis)", ax=twin, color="C5", linestyle="--")
+    p.finish(extra_handles_from=twin)
+
+    p = _Panel(axes[1, 0], series, smooth, "KL", "KL")
+    p.line("actor/ppo_kl", "ppo_kl (old -> new policy)", color="C0")
+    p.line("actor/kl_loss", "kl_loss (policy || ref)", color="C1")
+    p.finish()
+
+    p = _Panel(axes[1, 1], series, smooth, "Groups and gradient", "gradient norm")
+    p.line("actor/grad_norm", "gradient norm", color="C4")
+    twin = p.fraction("flow/zero_spread_groups", "groups scored all alike (right axis)",
+                      "fraction of groups", color="C3")  # fmt: skip
+    p.finish(extra_handles_from=twin)
+
+    p = _Panel(axes[1, 2], series, smooth, "Clip fraction", "fraction of trained steps")
+    p.line("actor/pg_clipfrac", "pg_clipfrac", color="C5")
+    if p.drawn:
+        p.ax.set_ylim(bottom=0)
+    p.finish()
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None, smooth: float = 0.0) -> Path:

@@ -16,8 +16,8 @@ Metrics (``metrics.jsonl``): ``critic/score/mean`` (the reward of the step's ima
 ``lmrl plot`` draws), ``critic/score/std``, ``flow/zero_spread_groups`` (prompts whose images
 all scored the same: they teach nothing), the means of what the reward returns beside its
 score (``flow/check/<name>``: the ``geneval`` checks), the update's ``actor/*``,
-``val/<source>/reward/mean``, and timings (``timing_s/sample``, ``timing_s/reward``,
-``timing_s/update``, ``perf/images_per_s``).
+``val/<source>/reward/mean`` with its checks (``val/<source>/check/<name>``), and timings
+(``timing_s/sample``, ``timing_s/reward``, ``timing_s/update``, ``perf/images_per_s``).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from lmrl.flow.image_model import ImageFlow
 from lmrl.flow.rewards import load_image_reward
 from lmrl.flow.rollout import FlowSampler
 from lmrl.logging import make_trackers
+from lmrl.models.loading import resolve_device
 from lmrl.trainer.checkpoint import latest_checkpoint, load_state, read_weights, save_checkpoint
 from lmrl.trainer.resume import check_run_dir
 
@@ -111,7 +112,8 @@ class FlowTrainer:
 
     Raises (from the constructor):
         DataError: unreadable prompts, or fewer than ``data.train_batch_size`` of them;
-        ModelError: no image model at ``model.path``, or one conditioned on another vector;
+        ModelError: no image model at ``model.path``, or one conditioned on another vector,
+            or trainer.device=cuda without CUDA;
         CheckpointError: an unwritable run directory; RewardError: a bad reward.
     """
 
@@ -128,6 +130,7 @@ class FlowTrainer:
                 f"data.train_batch_size={cfg.data.train_batch_size} is more than the "
                 f"{len(self.train_prompts)} prompts of {cfg.data.train_files}"
             )
+        self.device = resolve_device(t.device)
         model = ImageFlow.load(cfg.model.path)
         if model.config["cond_dim"] != NUM_ATTRIBUTES:
             raise ModelError(
@@ -139,6 +142,7 @@ class FlowTrainer:
             model.config["image_size"],
             model.config["image_size"],
         )
+        model = model.to(self.device)
         reference: Any = None
         if cfg.model.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
@@ -192,7 +196,8 @@ class FlowTrainer:
 
     # ------------------------------------------------------------------ pieces
     def _cond(self, rows: list[dict]) -> torch.Tensor:
-        return torch.tensor(np.stack([attribute_vector(r["attributes"]) for r in rows]))
+        vectors = np.stack([attribute_vector(r["attributes"]) for r in rows])
+        return torch.tensor(vectors, device=self.device)
 
     def _uncond(self, cond: torch.Tensor) -> torch.Tensor | None:
         return torch.zeros_like(cond) if self.cfg.sampler.guidance_scale != 1.0 else None
@@ -200,7 +205,7 @@ class FlowTrainer:
     def _score(self, images: torch.Tensor, rows: list[dict]) -> tuple[torch.Tensor, dict]:
         """Rewards of images in [-1, 1], and the means of what the reward returns beside them
         (``flow/check/<name>``: the geneval checks)."""
-        pixels = ((images + 1) / 2).clamp(0, 1)
+        pixels = ((images.cpu() + 1) / 2).clamp(0, 1)
         prompts, metadata = [r["prompt"] for r in rows], [r["attributes"] for r in rows]
         scores, extras = self.reward.score(pixels, prompts, metadata)
         return scores, {f"flow/check/{k}": float(v.mean()) for k, v in extras.items()}
@@ -211,8 +216,8 @@ class FlowTrainer:
         rows = [self.train_prompts[i] for i in self.prompts.next_batch()]
         rows_n = [r for r in rows for _ in range(n)]
         cond = self._cond(rows_n)
-        gen = torch.Generator().manual_seed(_seed(self.cfg.trainer.seed, "step", step))
-        noise = torch.randn(len(rows_n), *self.image_shape, generator=gen)
+        gen = torch.Generator(self.device).manual_seed(_seed(self.cfg.trainer.seed, "step", step))
+        noise = torch.randn(len(rows_n), *self.image_shape, generator=gen, device=self.device)
         start = time.perf_counter()
         self.model.eval()
         batch = self.sampler.sample(
@@ -231,7 +236,7 @@ class FlowTrainer:
             if self.cfg.actor.recompute_old_log_probs
             else None
         )
-        metrics = self.grpo.update(batch, adv, old, uncond=uncond, generator=gen)
+        metrics = self.grpo.update(batch, adv.to(self.device), old, uncond=uncond, generator=gen)
         done = time.perf_counter()
         spread = scores.view(-1, n).std(1)
         metrics.update(extra)
@@ -251,32 +256,40 @@ class FlowTrainer:
         return metrics
 
     @torch.no_grad()
-    def validate(self, images_per_prompt: int = 4) -> dict[str, float]:
-        """Reward of ODE samples of the validation prompts from fixed noise; writes
-        ``samples/step_<N>.png`` (one row per prompt)."""
+    def validate(self, images_per_prompt: int | None = None) -> dict[str, float]:
+        """Reward (and the reward's checks) of ODE samples of the validation prompts from fixed
+        noise (``trainer.val_images_per_prompt`` each); writes ``samples/step_<N>.png`` (one row
+        per prompt)."""
         if not self.val_prompts:
             return {}
+        images_per_prompt = images_per_prompt or self.cfg.trainer.val_images_per_prompt
         rows = [r for r in self.val_prompts for _ in range(images_per_prompt)]
         cond = self._cond(rows)
         gen = torch.Generator().manual_seed(_seed(self.cfg.trainer.seed, "validation"))
-        noise = torch.randn(len(rows), *self.image_shape, generator=gen)
+        noise = torch.randn(len(rows), *self.image_shape, generator=gen).to(self.device)
         self.model.eval()
         images = self.val_sampler.sample(self.model, cond, noise, uncond=self._uncond(cond))[
             "images"
         ]
-        scores, _ = self._score(images, rows)
+        scores, checks = self._score(images, rows)
         out = self.run_dir / "samples" / f"step_{self.global_step}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
         Image.fromarray(image_grid(((images + 1) / 2), images_per_prompt)).save(out)
         source = self.val_prompts[0]["data_source"]
-        return {f"val/{source}/reward/mean": float(scores.mean())}
+        return {
+            f"val/{source}/reward/mean": float(scores.mean()),
+            **{f"val/{source}/{key.removeprefix('flow/')}": v for key, v in checks.items()},
+        }
 
     # ------------------------------------------------------------------ checkpoints
     def save(self) -> Path:
         """A checkpoint of the run at ``global_step`` (atomic; see `lmrl.trainer.checkpoint`)."""
-        weights = {k: v.detach().contiguous().clone() for k, v in self.model.state_dict().items()}
+        weights = {
+            k: v.detach().to("cpu", copy=True).contiguous()
+            for k, v in self.model.state_dict().items()
+        }
         state = {
             "global_step": self.global_step,
             "optimizer": self.optimizer.state_dict(),
