@@ -15,6 +15,7 @@ from lmrl.data.tasks import write_task
 from lmrl.errors import ModelError, RewardError
 from lmrl.flow.rewards import (
     brightness,
+    colourfulness,
     compressibility,
     find_objects,
     geneval,
@@ -78,6 +79,14 @@ def test_image_statistics_rewards():
     assert brightness(torch.ones(2, 3, 4, 4)).tolist() == [1.0, 1.0]
     assert (compressibility(black) > compressibility(noise)).all()
     assert geneval(black, None, ALL_SPECS[:2]).tolist() == [0.0, 0.0]
+    # colourfulness by hand: grey 0; all red: 0.3 |(1, 0.5)|; half red, half green: rg = +-1
+    # (std 1, mean 0), yb = 0.5 everywhere: 1 + 0.3 * 0.5
+    red, half = torch.zeros(1, 3, 4, 4), torch.zeros(1, 3, 4, 4)
+    red[:, 0] = 1
+    half[:, 0, :2], half[:, 1, 2:] = 1, 1
+    grey = torch.full((1, 3, 4, 4), 0.4)
+    got = colourfulness(torch.cat([grey, red, half])).tolist()
+    assert got == pytest.approx([0.0, 0.3 * 1.25**0.5, 1.15], abs=1e-6)
 
 
 def test_user_image_rewards_from_a_file_are_checked(tmp_path):

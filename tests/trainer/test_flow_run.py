@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from lmrl.cli import main as cli_main
 from lmrl.config.flow import load_flow_config
+from lmrl.errors import CheckpointError
 from lmrl.trainer.flow import FlowTrainer
 
 
@@ -79,14 +80,15 @@ def test_a_flow_run_trains_validates_checkpoints_and_plots(flow_workspace, tmp_p
     assert plot_run(run).is_file()
 
 
-def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, tmp_path):
-    whole = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "whole")))
+@pytest.mark.parametrize("extra", [(), ("actor.ema=true", "actor.ema_every=1")])
+def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, tmp_path, extra):
+    whole = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "whole", *extra)))
     whole.fit()
 
     class Stop(Exception):
         pass
 
-    cut = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "cut")))
+    cut = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "cut", *extra)))
     step = cut.step
 
     def step_then_die():
@@ -97,7 +99,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, 
     cut.step = step_then_die
     with pytest.raises(Stop):
         cut.fit()
-    resumed = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "cut")))
+    resumed = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "cut", *extra)))
     assert resumed.global_step == 2
     resumed.fit()
     expected = load_file(tmp_path / "whole" / "global_step_4" / "model.safetensors")
@@ -105,6 +107,39 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, 
     assert expected.keys() == actual.keys()
     for key in expected:
         assert torch.equal(expected[key], actual[key]), key
+    if extra:  # the weights' average too (two optimizer steps a step, the EMA after each)
+        assert resumed.ema.calls == whole.ema.calls == 8
+        for a, b in zip(whole.ema.averaged(), resumed.ema.averaged(), strict=True):
+            assert torch.equal(a, b)
+
+
+def test_validation_samples_with_the_weights_average(flow_workspace, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    args = _args(flow_workspace, run, "actor.ema=true", "actor.ema_every=1",
+                 "trainer.total_training_steps=2")  # fmt: skip
+    trainer = FlowTrainer(load_flow_config(None, args))
+    trainer.fit()
+    entered = []
+    applied = trainer.ema.applied
+
+    def recording():
+        entered.append([p.detach().clone() for p in trainer.ema.parameters])
+        return applied()
+
+    monkeypatch.setattr(trainer.ema, "applied", recording)
+    trainer.validate()
+    assert len(entered) == 1
+    # the average differs from the trained weights, which are back after validation
+    live = [p.detach() for p in trainer.ema.parameters]
+    assert any(not torch.equal(a, w) for a, w in zip(trainer.ema.averaged(), live, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(entered[0], live, strict=True))
+    # a run with EMA cannot resume a checkpoint written without one
+    plain = tmp_path / "plain"
+    FlowTrainer(
+        load_flow_config(None, _args(flow_workspace, plain, "trainer.total_training_steps=2"))
+    ).fit()
+    with pytest.raises(CheckpointError, match="holds no EMA"):
+        FlowTrainer(load_flow_config(None, _args(flow_workspace, plain, "actor.ema=true")))
 
 
 @pytest.mark.parametrize(
@@ -113,7 +148,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, 
         (["sampler.n=1"], "sampler.n=1 must be >= 2"),
         (["actor.ppo_mini_batch_size=3"], "must divide the images of a step"),
         (["sampler.sde_start=9"], "sampler.sde_start=9"),
-        (["train.ema=true"], "EMA of the weights is not implemented"),
+        (["actor.ema_decay=1.0"], "actor.ema_decay=1.0 must be in [0, 1)"),
         (["reward.name=pickscore"], "unknown image reward 'pickscore'"),
         (["model.path=/nowhere"], "model.path=/nowhere is not an image flow model"),
         (["data.train_files=/nowhere.parquet"], "cannot read prompt file /nowhere.parquet"),
@@ -135,8 +170,9 @@ def test_bad_flow_input_is_a_one_line_error(flow_workspace, tmp_path, capsys, ex
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_flow_run_on_a_gpu_checkpoints_what_a_cpu_run_resumes(flow_workspace, tmp_path):
     run = tmp_path / "run"
-    extra = ("trainer.total_training_steps=2", "actor.beta=0.1",
-             "actor.recompute_old_log_probs=true", "trainer.device=cuda")  # fmt: skip
+    extra = ("trainer.total_training_steps=2", "actor.beta=0.1", "actor.ema=true",
+             "actor.ema_every=1", "actor.recompute_old_log_probs=true",
+             "trainer.device=cuda")  # fmt: skip
     gpu = FlowTrainer(load_flow_config(None, _args(flow_workspace, run, *extra)))
     assert next(gpu.model.parameters()).is_cuda
     result = gpu.fit()
@@ -145,10 +181,13 @@ def test_a_flow_run_on_a_gpu_checkpoints_what_a_cpu_run_resumes(flow_workspace, 
     saved = load_file(run / "global_step_2" / "model.safetensors")
     for key, value in gpu.model.state_dict().items():
         assert torch.equal(saved[key], value.cpu()), key
-    # the GPU run's checkpoint resumes on the CPU and trains on
-    cpu = FlowTrainer(load_flow_config(None, _args(flow_workspace, run, "trainer.total_training_steps=3",
-                                                   "actor.beta=0.1")))  # fmt: skip
-    assert cpu.global_step == 2
+    # the GPU run's checkpoint resumes on the CPU (its weights' average too) and trains on
+    more = ("trainer.total_training_steps=3", "actor.beta=0.1", "actor.ema=true",
+            "actor.ema_every=1")  # fmt: skip
+    cpu = FlowTrainer(load_flow_config(None, _args(flow_workspace, run, *more)))
+    assert cpu.global_step == 2 and cpu.ema.calls == gpu.ema.calls
+    for a, b in zip(cpu.ema.averaged(), gpu.ema.averaged(), strict=True):
+        assert torch.equal(a, b.cpu())
     cpu.fit()
     assert (run / "global_step_3").is_dir()
 
@@ -165,9 +204,10 @@ def test_flow_grpo_keys_translate(flow_workspace, tmp_path):
     cfg = load_flow_config(None, [
         *_args(flow_workspace, tmp_path / "r"), "sample.noise_level=0.5", "train.clip_range=2e-4",
         "train.learning_rate=3e-4", "sample.num_image_per_prompt=4", "train.beta=0.04",
+        "train.ema=true",
     ])  # fmt: skip
     assert (cfg.sampler.noise_level, cfg.actor.clip_range, cfg.actor.optim.lr) == (0.5, 2e-4, 3e-4)
-    assert (cfg.sampler.n, cfg.actor.beta) == (4, 0.04)
+    assert (cfg.sampler.n, cfg.actor.beta, cfg.actor.ema) == (4, 0.04, True)
 
 
 def test_the_fast_flow_demo_runs_end_to_end(tmp_path, capsys):

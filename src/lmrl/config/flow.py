@@ -110,6 +110,11 @@ class FlowActorConfig:
         "log-probs (bypass: on-policy they agree within 1e-5).",
     )
     max_grad_norm: float = opt(1.0, "Clip the gradient norm to this (> 0).")
+    ema: bool = opt(
+        False, "Keep an EMA of the trained weights; validation samples with it (Flow-GRPO)."
+    )
+    ema_decay: float = opt(0.9, "The EMA's decay once warmed up, in [0, 1) (Flow-GRPO: 0.9).")
+    ema_every: int = opt(8, "Optimizer steps between updates of the EMA (Flow-GRPO: 8).")
     optim: FlowOptimConfig = opt(FlowOptimConfig(), "Optimizer.")
 
 
@@ -120,7 +125,7 @@ class FlowRewardConfig:
     name: str = opt(
         "geneval",
         "Built in: geneval (mean of colour/count/shape/position checks), geneval_strict, "
-        "brightness, compressibility; or the function's name in path.",
+        "brightness, colourfulness, compressibility; or the function's name in path.",
     )
     path: str | None = opt(
         None, "A Python file whose function `name` (images, prompts, metadata) -> scores."
@@ -201,6 +206,8 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
         ("actor.optim.lr", lambda x: x >= 0, "must be >= 0"),
         ("trainer.total_training_steps", lambda x: x >= 1, "must be >= 1"),
         ("trainer.val_images_per_prompt", lambda x: x >= 1, "must be >= 1"),
+        ("actor.ema_decay", lambda x: 0 <= x < 1, "must be in [0, 1)"),
+        ("actor.ema_every", lambda x: x >= 1, "must be >= 1"),
     )
     errors = range_errors(cfg, checks)
     images = cfg.data.train_batch_size * s.n

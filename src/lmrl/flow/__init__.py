@@ -16,6 +16,7 @@ _EXPORTS = {
     "FlowGRPO": "lmrl.flow.grpo",
     "FlowGRPOConfig": "lmrl.flow.grpo",
     "flow_advantages": "lmrl.flow.grpo",
+    "WeightEMA": "lmrl.flow.ema",
     "flow_matching_loss": "lmrl.flow.matching",
     "pretrain": "lmrl.flow.matching",
     "PointFlow": "lmrl.flow.toy",

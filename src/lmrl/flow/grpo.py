@@ -32,6 +32,7 @@ from lmrl.algos.advantages import advantage_estimators
 from lmrl.algos.agg import AggNorm
 from lmrl.algos.losses import policy_losses
 from lmrl.batch import Batch
+from lmrl.flow.ema import WeightEMA
 from lmrl.flow.rollout import FlowSampler, VelocityModel
 from lmrl.flow.sde import gaussian_kl
 from lmrl.models.grad import clip_and_step
@@ -96,6 +97,7 @@ class FlowGRPO:
         config: `FlowGRPOConfig`.
         reference: a frozen velocity model, ``"adapter"`` (the PEFT policy with adapters
             disabled), or None (then ``config.beta`` must be 0).
+        ema: a `WeightEMA` of the trained weights, stepped after every optimizer step.
 
     Raises:
         ValueError: ``beta > 0`` without a reference, or bad batch sizes.
@@ -108,8 +110,9 @@ class FlowGRPO:
         optimizer: torch.optim.Optimizer,
         config: FlowGRPOConfig | None = None,
         reference: VelocityModel | str | None = None,
+        ema: WeightEMA | None = None,
     ) -> None:
-        self.model, self.sampler, self.optimizer = model, sampler, optimizer
+        self.model, self.sampler, self.optimizer, self.ema = model, sampler, optimizer, ema
         self.config = config or FlowGRPOConfig()
         if self.config.beta > 0 and reference is None:
             raise ValueError("beta > 0 needs a reference model (or reference='adapter')")
@@ -236,4 +239,6 @@ class FlowGRPO:
                 loss.backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         stats["actor/grad_norm"], _ = clip_and_step(params, self.optimizer, cfg.max_grad_norm)
+        if self.ema is not None:
+            self.ema.step()
         return {key: float(value) for key, value in stats.items()}

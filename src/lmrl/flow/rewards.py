@@ -155,6 +155,17 @@ def brightness(images: torch.Tensor, prompts=None, metadata=None) -> torch.Tenso
     return images.float().clamp(0, 1).mean((1, 2, 3))
 
 
+def colourfulness(images: torch.Tensor, prompts=None, metadata=None) -> torch.Tensor:
+    """Hasler and Suesstrunk's colourfulness, (B,) >= 0 (0 for any grey image): with the
+    opponent channels ``rg = R - G`` and ``yb = (R + G) / 2 - B`` over the pixels,
+    ``sqrt(std(rg)^2 + std(yb)^2) + 0.3 sqrt(mean(rg)^2 + mean(yb)^2)`` (population std)."""
+    x = images.float().clamp(0, 1)
+    r, g, b = x[:, 0].flatten(1), x[:, 1].flatten(1), x[:, 2].flatten(1)
+    rg, yb = r - g, (r + g) / 2 - b
+    spread = (rg.var(1, correction=0) + yb.var(1, correction=0)).sqrt()
+    return spread + 0.3 * (rg.mean(1) ** 2 + yb.mean(1) ** 2).sqrt()
+
+
 def compressibility(images: torch.Tensor, prompts=None, metadata=None) -> torch.Tensor:
     """Minus the PNG size in bits per pixel (an image that compresses well scores higher)."""
     out = []
@@ -168,6 +179,7 @@ IMAGE_REWARDS: dict[str, ImageRewardFn] = {
     "geneval": geneval_scores,
     "geneval_strict": partial(geneval_scores, strict=True),
     "brightness": brightness,
+    "colourfulness": colourfulness,
     "compressibility": compressibility,
 }
 

@@ -26,6 +26,7 @@ import copy
 import hashlib
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from lmrl.config.loader import save_config
 from lmrl.data.sampler import PromptSampler
 from lmrl.data.shapes import ATTRIBUTES, NUM_ATTRIBUTES, attribute_vector
 from lmrl.errors import CheckpointError, DataError, ModelError
+from lmrl.flow.ema import WeightEMA
 from lmrl.flow.grpo import FlowGRPO, FlowGRPOConfig, flow_advantages
 from lmrl.flow.image_model import ImageFlow
 from lmrl.flow.rewards import load_image_reward
@@ -179,7 +181,10 @@ class FlowTrainer:
             mini_batch_size=a.ppo_mini_batch_size, micro_batch_size=a.micro_batch_size,
             ppo_epochs=a.ppo_epochs, max_grad_norm=a.max_grad_norm,
         )  # fmt: skip
-        self.grpo = FlowGRPO(model, self.sampler, self.optimizer, update, reference=reference)
+        self.ema = WeightEMA(params, a.ema_decay, a.ema_every) if a.ema else None
+        self.grpo = FlowGRPO(
+            model, self.sampler, self.optimizer, update, reference=reference, ema=self.ema
+        )
         self.reward = load_image_reward(cfg.reward.name, cfg.reward.path)
         self.prompts = PromptSampler(
             len(self.train_prompts), cfg.data.train_batch_size, seed=cfg.data.seed
@@ -268,9 +273,9 @@ class FlowTrainer:
         gen = torch.Generator().manual_seed(_seed(self.cfg.trainer.seed, "validation"))
         noise = torch.randn(len(rows), *self.image_shape, generator=gen).to(self.device)
         self.model.eval()
-        images = self.val_sampler.sample(self.model, cond, noise, uncond=self._uncond(cond))[
-            "images"
-        ]
+        with self.ema.applied() if self.ema is not None else nullcontext():
+            images = self.val_sampler.sample(self.model, cond, noise, uncond=self._uncond(cond))
+        images = images["images"]
         scores, checks = self._score(images, rows)
         out = self.run_dir / "samples" / f"step_{self.global_step}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -295,6 +300,8 @@ class FlowTrainer:
             "optimizer": self.optimizer.state_dict(),
             "prompts": self.prompts.state_dict(),
         }
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
         return save_checkpoint(self.run_dir, self.global_step, {"model": weights}, state)
 
     def _resume(self) -> None:
@@ -308,6 +315,10 @@ class FlowTrainer:
             state = load_state(path)
             self.optimizer.load_state_dict(state["optimizer"])
             self.prompts.load_state_dict(state["prompts"])
+            if self.ema is not None:
+                if "ema" not in state:
+                    raise ValueError("it holds no EMA (the run started without actor.ema)")
+                self.ema.load_state_dict(state["ema"])
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(
                 f"cannot resume from {path}: {err} (a checkpoint of another model or config? "
