@@ -182,3 +182,30 @@ def test_a_key_the_config_does_not_have_is_caught():
     assert unapplied({"actor": {"clip_ratio_hgh": 0.3}}, Config(), []) == [
         "actor.clip_ratio_hgh: translates to 'actor.clip_ratio_hgh', which is not a key of Config"
     ]
+
+
+FLOW_EXAMPLES = sorted((Path(__file__).parents[1] / "examples" / "flow").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", FLOW_EXAMPLES, ids=[p.stem for p in FLOW_EXAMPLES])
+def test_every_setting_of_a_flow_example_lands(path, tmp_path):
+    from lmrl.config.flow import FlowConfig, load_flow_config
+
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    cfg = load_flow_config(path, [f"model.path={tmp_path}", f"data.train_files={tmp_path}"])
+    spec = schema(FlowConfig)
+    missed = []
+    for key, value in leaves_of(data):
+        expected = coerce(value, spec[key].type) if key in spec else value
+        if key not in spec or not _same(expected, get_path(cfg, key)):
+            missed.append(key)
+    assert FLOW_EXAMPLES and not missed, f"{path.name}: settings that did not land: {missed}"
+
+
+def leaves_of(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` for every leaf of a YAML document (no verl translation)."""
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            yield from leaves_of(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
