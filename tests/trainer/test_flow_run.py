@@ -213,7 +213,11 @@ def test_flow_grpo_keys_translate(flow_workspace, tmp_path):
 def test_the_fast_flow_demo_runs_end_to_end(tmp_path, capsys):
     assert cli_main(["demo", "--task", "flow", "--fast", "--out", str(tmp_path / "demo")]) == 0
     summary = json.loads((tmp_path / "demo" / "demo.json").read_text())
-    assert (tmp_path / "demo" / "before_after.png").is_file()
+    from PIL import Image
+
+    grids = Image.open(tmp_path / "demo" / "run" / "samples" / "step_0.png")
+    pair = Image.open(tmp_path / "demo" / "before_after.png")  # prompts, before, gap, after
+    assert pair.size == (200 + 2 * grids.width + 8, grids.height)
     assert (tmp_path / "demo" / "run" / "plot.png").is_file()
     assert 0 <= summary["val_reward_before"] <= 1 and 0 <= summary["val_reward_after"] <= 1
     assert summary["val_steps"] == [0, 2]

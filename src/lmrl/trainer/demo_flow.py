@@ -9,7 +9,7 @@
    with the GenEval-like rule reward: the fraction of four checks (colour, count, shape and
    position of the objects a small detector finds) that hold (``geneval``);
 4. ``before_after.png``: the held-out validation prompts' images from the same noise before
-   RL (left) and after (right), one prompt per row; ``run/plot.png``: the reward curve and
+   RL (left) and after (right), one prompt per row, its text on the left; ``run/plot.png``: the reward curve and
    each check's.
 
 The recipe (every run that led to it is in ``docs/flow.md``): Flow-GRPO-Fast's window of two
@@ -31,6 +31,19 @@ import numpy as np
 log = logging.getLogger("lmrl.flow")
 
 __all__ = ["run_flow_demo"]
+
+
+def _with_prompts(grid, prompts: list[str], width: int = 200):
+    """``grid`` (a PIL image, one row of images per prompt) with each row's prompt written in a
+    white strip on its left."""
+    from PIL import Image, ImageDraw
+
+    out = Image.new("RGB", (grid.width + width, grid.height), "white")
+    out.paste(grid, (width, 0))
+    draw, row = ImageDraw.Draw(out), grid.height / len(prompts)
+    for i, prompt in enumerate(prompts):
+        draw.text((6, int(row * (i + 0.5)) - 5), prompt, fill="black")
+    return out
 
 
 def run_flow_demo(
@@ -118,7 +131,8 @@ def run_flow_demo(
     before = np.asarray(Image.open(samples / "step_0.png"))
     after = np.asarray(Image.open(samples / f"step_{max(val)}.png"))
     gap = np.full((before.shape[0], 8, 3), 255, dtype=np.uint8)
-    Image.fromarray(np.concatenate([before, gap, after], 1)).save(out / "before_after.png")
+    pair = Image.fromarray(np.concatenate([before, gap, after], 1))
+    _with_prompts(pair, [r["prompt"] for r in trainer.val_prompts]).save(out / "before_after.png")
     plot = plot_run(out / "run")
     scores = [h["critic/score/mean"] for h in result["history"]]
     summary = {
