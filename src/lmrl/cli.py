@@ -90,52 +90,58 @@ def _train(args: argparse.Namespace) -> int:
     return trainer.exit_code
 
 
-def _sft(args: argparse.Namespace) -> int:
+def _config_command(args: argparse.Namespace, usage: str, format_help, load, run) -> int:
+    """A command that runs one config (``lmrl sft``, ``lmrl train-flow``): ``--help`` prints
+    ``usage`` and the keys; otherwise every config error comes before any model loads, then
+    ``run(cfg)`` returns what to print."""
     import logging
 
-    from lmrl.config.sft import format_sft_help, load_sft_config
-
     if args.help:
-        print(
-            "usage: lmrl sft [--config FILE.yaml] key=value ...\n\n"
-            "Supervised fine-tuning (the warm start before RL). Its output directory "
-            "RUN_DIR/final is a\nmodel path for `lmrl train model.path=...`. The keys, their "
-            "defaults and docs follow.\n"
-        )
-        print(format_sft_help())
+        print(usage)
+        print(format_help())
         return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load_sft_config(args.config, args.overrides)  # every config error before any model
-    from lmrl.trainer.sft import SFTTrainer
-
-    trainer = SFTTrainer(cfg)
-    trainer.fit()
-    print(f"run directory: {trainer.run_dir}\nmodel: {trainer.final_dir}")
+    cfg = load(args.config, args.overrides)
+    print(run(cfg))
     return 0
+
+
+def _sft(args: argparse.Namespace) -> int:
+    from lmrl.config.sft import format_sft_help, load_sft_config
+
+    def run(cfg) -> str:
+        from lmrl.trainer.sft import SFTTrainer
+
+        trainer = SFTTrainer(cfg)
+        trainer.fit()
+        return f"run directory: {trainer.run_dir}\nmodel: {trainer.final_dir}"
+
+    usage = (
+        "usage: lmrl sft [--config FILE.yaml] key=value ...\n\n"
+        "Supervised fine-tuning (the warm start before RL). Its output directory "
+        "RUN_DIR/final is a\nmodel path for `lmrl train model.path=...`. The keys, their "
+        "defaults and docs follow.\n"
+    )
+    return _config_command(args, usage, format_sft_help, load_sft_config, run)
 
 
 def _train_flow(args: argparse.Namespace) -> int:
-    import logging
-
     from lmrl.config.flow import format_flow_help, load_flow_config
 
-    if args.help:
-        print(
-            "usage: lmrl train-flow [--config FILE.yaml] key=value ...\n\n"
-            "Flow-GRPO: RL of a flow-matching image model (model.path: a directory written by "
-            "`lmrl pretrain-flow`\nor `lmrl demo --task flow`; data: `lmrl tasks shapes`). "
-            "The keys, their defaults and docs follow.\n"
-        )
-        print(format_flow_help())
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load_flow_config(args.config, args.overrides)  # every config error before any model
-    from lmrl.trainer.flow import FlowTrainer
+    def run(cfg) -> str:
+        from lmrl.trainer.flow import FlowTrainer
 
-    trainer = FlowTrainer(cfg)
-    trainer.fit()
-    print(f"run directory: {trainer.run_dir}")
-    return 0
+        trainer = FlowTrainer(cfg)
+        trainer.fit()
+        return f"run directory: {trainer.run_dir}"
+
+    usage = (
+        "usage: lmrl train-flow [--config FILE.yaml] key=value ...\n\n"
+        "Flow-GRPO: RL of a flow-matching image model (model.path: a directory written by "
+        "`lmrl pretrain-flow`\nor `lmrl demo --task flow`; data: `lmrl tasks shapes`). "
+        "The keys, their defaults and docs follow.\n"
+    )
+    return _config_command(args, usage, format_flow_help, load_flow_config, run)
 
 
 def _pretrain_flow(args: argparse.Namespace) -> int:

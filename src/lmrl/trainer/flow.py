@@ -47,6 +47,7 @@ from lmrl.flow.rollout import FlowSampler
 from lmrl.logging import make_trackers
 from lmrl.models.loading import resolve_device
 from lmrl.trainer.checkpoint import latest_checkpoint, load_state, read_weights, save_checkpoint
+from lmrl.trainer.metrics import zero_spread_fraction
 from lmrl.trainer.resume import check_run_dir
 
 log = logging.getLogger("lmrl.flow")
@@ -223,11 +224,10 @@ class FlowTrainer:
         cond = self._cond(rows_n)
         gen = torch.Generator(self.device).manual_seed(_seed(self.cfg.trainer.seed, "step", step))
         noise = torch.randn(len(rows_n), *self.image_shape, generator=gen, device=self.device)
+        uncond = self._uncond(cond)
         start = time.perf_counter()
         self.model.eval()
-        batch = self.sampler.sample(
-            self.model, cond, noise, uncond=self._uncond(cond), generator=gen
-        )
+        batch = self.sampler.sample(self.model, cond, noise, uncond=uncond, generator=gen)
         sampled = time.perf_counter()
         scores, extra = self._score(batch["images"], rows_n)
         scored = time.perf_counter()
@@ -235,7 +235,6 @@ class FlowTrainer:
         adv = flow_advantages(
             scores, groups, self.cfg.actor.adv_clip_max, self.cfg.actor.norm_adv_by_std
         )
-        uncond = self._uncond(cond)
         old = (
             self.grpo.old_log_probs(batch, uncond)
             if self.cfg.actor.recompute_old_log_probs
@@ -243,13 +242,12 @@ class FlowTrainer:
         )
         metrics = self.grpo.update(batch, adv.to(self.device), old, uncond=uncond, generator=gen)
         done = time.perf_counter()
-        spread = scores.view(-1, n).std(1)
         metrics.update(extra)
         metrics.update(
             {
                 "critic/score/mean": float(scores.mean()),
                 "critic/score/std": float(scores.std()),
-                "flow/zero_spread_groups": float((spread == 0).float().mean()),
+                "flow/zero_spread_groups": zero_spread_fraction(scores, groups),
                 "timing_s/sample": sampled - start,
                 "timing_s/reward": scored - sampled,
                 "timing_s/update": done - scored,
