@@ -15,6 +15,7 @@ seconds. The rows also go to ``--out/learning.jsonl``.
 Usage:
     python benchmarks/learning.py --tasks count,sort --variants base,binary [--seeds 0,1]
     python benchmarks/learning.py --side trl --tasks count --variants base,t07_lr1e-4  # TRL
+    python benchmarks/learning.py --tasks compare --variants t07_lr1e-4+mb4  # joined with +
     python benchmarks/learning.py --list          # the variants and their overrides
 """
 
@@ -61,6 +62,14 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         ["rollout.n=16", "rollout.temperature=0.7", "actor.optim.lr=1e-4"],
         "the recipe with 16 samples per prompt",
     ),
+    "p32_n4": (
+        ["data.train_batch_size=32", "actor.ppo_mini_batch_size=32", "rollout.n=4"],
+        "32 prompts x 4 samples (the same 128 samples a step, twice the prompts)",
+    ),
+    "p64_n4": (
+        ["data.train_batch_size=64", "actor.ppo_mini_batch_size=64", "rollout.n=4"],
+        "64 prompts x 4 samples (twice the samples a step, four times the prompts)",
+    ),
     "kl": (
         ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.01", "actor.kl_loss_type=low_var_kl"],
         "k3 KL to the warm start in the loss",
@@ -82,6 +91,17 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         "PPO with a critic (GAE, lambda 1)",
     ),
 }
+
+
+def variant_overrides(variant: str) -> list[str]:
+    """The overrides of ``variant``: a name in ``VARIANTS``, or names joined by ``+``
+    (``t07_lr1e-4+mb4``: their overrides in order, a later one winning)."""
+    out = []
+    for name in variant.split("+"):
+        if name not in VARIANTS:
+            raise SystemExit(f"unknown variant {name!r} (--list shows them)")
+        out.extend(VARIANTS[name][0])
+    return out
 
 
 def _mean(rows: list[dict], key: str, which: slice) -> float | None:
@@ -124,7 +144,7 @@ def prepare(task: str, seed: int, work: Path, sft_acc: float, num_train: int) ->
 def run_variant(task, seed, variant, prep, work: Path, steps: int, target: float) -> dict:
     from lmrl.trainer.demo import run_rl
 
-    overrides = [o.replace("{task}", task) for o in VARIANTS[variant][0]]
+    overrides = [o.replace("{task}", task) for o in variant_overrides(variant)]
     rl = run_rl(
         Path(prep["model"]), {k: Path(v) for k, v in prep["data"].items()},
         work / f"{task}-s{seed}" / variant, seed=seed, steps=steps, lr=3e-4,
@@ -226,7 +246,7 @@ def _trl_settings(task: str, variant: str) -> dict:
     """The TRL side's settings of ``variant``: the demo's recipe with the variant's
     temperature, learning rate, samples per prompt or binary reward."""
     settings = {"temperature": 1.0, "lr": 3e-4, "n": 8, "binary": False}
-    for override in VARIANTS[variant][0]:
+    for override in variant_overrides(variant):
         key, value = override.split("=", 1)
         if key == "reward.scorer_options.{task}.binary":
             settings["binary"] = value == "true"
@@ -289,6 +309,8 @@ def main() -> None:
         for name, (overrides, what) in VARIANTS.items():
             print(f"{name:13} {what}: {' '.join(overrides) or '(none)'}")
         return
+    for variant in args.variants.split(","):  # a typo fails now, not after a warm start
+        variant_overrides(variant)
     logging.disable(logging.WARNING)
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)

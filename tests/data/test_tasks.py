@@ -107,7 +107,7 @@ def _answers_score_one(name, row):
 def test_count_ground_truth(rows):
     counts = Counter()
     for row in rows["count"]["train"] + rows["count"]["test"]:
-        digit, digits = re.fullmatch(r"count (\d) in (\d+)", row["prompt"][0]["content"]).groups()
+        digits, digit = re.fullmatch(r"(\d+) count (\d)", row["prompt"][0]["content"]).groups()
         assert 5 <= len(digits) <= 9 and row["extra_info"]["digit"] == digit
         assert row["reward_model"]["ground_truth"] == str(digits.count(digit))
         counts[digits.count(digit)] += 1

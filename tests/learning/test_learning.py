@@ -9,9 +9,10 @@ passed the margin. The before/after table is printed at the end (``pytest -s``) 
 to ``$LMRL_LEARNING_OUT/learning-table.md`` when that variable is set; ``docs/learning.md``
 holds the last one measured.
 
-``count`` and ``compare`` are not here: SFT does not get ``count`` past 0.34 in 2000 steps at
-this model size, and from a ``compare`` warm start above chance (0.56) the recipe gains
-0.06-0.07 and stalls, less than ``MARGIN``; docs/learning.md has those runs.
+``count`` and ``compare`` are not here: the recipe moves them, but not by ``MARGIN`` with every
+estimator in a run this suite can afford. ``count`` (from 0.33): GRPO +0.16 in 400 steps,
+the others -0.01 to +0.09 in 500; ``compare`` (from 0.56): +0.09 to +0.13 in 500 steps, then
+it stalls with most groups alike. docs/learning.md has those runs.
 """
 
 from __future__ import annotations

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
+from lmrl.batch import Batch
 from lmrl.models import (
     Reference,
     apply_lora,
@@ -13,9 +16,11 @@ from lmrl.models import (
     forward_log_probs,
     freeze,
     load_causal_lm,
+    load_tokenizer,
     trim_batch,
 )
 from lmrl.models.forward import (
+    cache_keyword,
     can_share_prompts,
     forward_log_probs_and_kl,
     fused_head,
@@ -172,6 +177,46 @@ def test_shared_prompts_equal_the_full_forward(qwen_dir, batch, temperature):
     model = load_causal_lm(qwen_dir)
     no_grad, _ = compute_log_probs(model, grouped, 5, temperature)
     torch.testing.assert_close(no_grad, ref_logp, atol=1e-5, rtol=0)
+
+
+def test_the_cache_goes_by_the_name_the_installed_transformers_takes(qwen_dir, batch, monkeypatch):
+    """No deprecated ``past_key_values`` on a transformers that renamed it to ``cache`` (it
+    warns there, and goes in 5.40), the old name on one that did not; a LoRA wrapper or a
+    forward that names only ``past_key_values`` is asked by its own signature."""
+    import inspect
+
+    import transformers.utils.generic as generic
+    from transformers import Qwen2ForCausalLM
+
+    from lmrl.rollout import HFEngine, SamplingParams
+
+    renamed = "cache" in inspect.signature(Qwen2ForCausalLM.forward).parameters
+    model = load_causal_lm(qwen_dir)
+    assert cache_keyword(model) == ("cache" if renamed else "past_key_values")
+    assert cache_keyword(apply_lora(load_causal_lm(qwen_dir), 4)) == cache_keyword(model)
+
+    class OldModel(torch.nn.Module):
+        def forward(self, input_ids, past_key_values=None, use_cache=False):
+            return input_ids
+
+    assert cache_keyword(OldModel()) == "past_key_values"
+
+    said = []
+    if hasattr(generic, "logger"):  # the rename's warning, once per process: catch every call
+        monkeypatch.setattr(generic.logger, "warning_once", lambda msg, *a, **k: said.append(msg))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        forward_log_probs(model, _grouped(batch), 1.0, share_prompts=True)  # the shared prefill
+        tokenizer = load_tokenizer(qwen_dir)
+        enc = tokenizer(["abc", "de"], return_tensors="pt", padding=True)
+        prompts = Batch(
+            {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"].bool()}
+        )
+        HFEngine(model.eval(), tokenizer).generate(
+            prompts, n=2, sampling=SamplingParams(max_new_tokens=4, seed=0)
+        )
+    said += [str(w.message) for w in caught]
+    assert not [m for m in said if "past_key_values" in m], said
 
 
 def test_can_share_prompts_only_without_checkpointing_or_sliding_windows(qwen_dir):

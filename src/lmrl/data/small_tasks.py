@@ -4,9 +4,11 @@ Each is short enough for a byte-level ~2M-parameter model (prompts under 20 char
 answers of 1-4 characters) and differs from ``digits`` in what a wrong answer looks like, so
 that a recipe is tested on more than the task it was tuned on:
 
-- ``count``: ``"count 3 in 4373931"`` -> ``"3"``: how often a digit occurs in 5-9 digits
+- ``count``: ``"4373931 count 3"`` -> ``"3"``: how often a digit occurs in 5-9 digits
   (0-4 times). The answer is one small integer, the shape of a user's own "answer is a
-  number" task; most wrong answers are off by one.
+  number" task; most wrong answers are off by one. The digit comes last, next to the answer:
+  asked first (``"count 3 in 4373931"``), the ~2M model's SFT stayed near chance (0.20-0.34
+  greedy exact match after 800-2000 steps); asked last, 0.68 after 300 (docs/learning.md).
 - ``sort``: ``"sort dbfa"`` -> ``"abdf"``: 3-6 lowercase letters (repeats allowed) in
   alphabetical order: a whole-string answer built position by position.
 - ``add``: ``"47+85"`` -> ``"132"``: two numbers below 100; ~70% of the sums carry,
@@ -29,7 +31,7 @@ Example = tuple[str, str, dict]
 
 
 def generate_count(rng: random.Random, min_len: int = 5, max_len: int = 9) -> Example:
-    """``"count 3 in 4373931"`` -> ``"3"`` (the digit occurs 0-4 times).
+    """``"4373931 count 3"`` -> ``"3"`` (the digit occurs 0-4 times).
 
     The count is drawn first (uniform in 0..min(4, length)), so small and large counts are
     equally common rather than mostly 0-1.
@@ -42,7 +44,7 @@ def generate_count(rng: random.Random, min_len: int = 5, max_len: int = 9) -> Ex
     others = [d for d in string.digits if d != target]
     chars = [target] * count + [rng.choice(others) for _ in range(length - count)]
     rng.shuffle(chars)
-    return f"count {target} in {''.join(chars)}", str(count), {"digit": target}
+    return f"{''.join(chars)} count {target}", str(count), {"digit": target}
 
 
 def generate_sort(rng: random.Random, min_len: int = 3, max_len: int = 6) -> Example:

@@ -211,7 +211,7 @@ TASKS: dict[str, TaskSpec] = {
         ),
         TaskSpec(
             "count", small_tasks.generate_count, "counting", 10_000, 256,
-            "count 3 in 4373931 -> 3; 1 right, 0.1 any other number",
+            "4373931 count 3 -> 3; 1 right, 0.1 any other number",
         ),
         TaskSpec(
             "sort", small_tasks.generate_sort, "sorting", 10_000, 256,

@@ -161,6 +161,22 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.get_base_model() if isinstance(model, PeftModel) else model
 
 
+def cache_keyword(model: nn.Module) -> str:
+    """The name under which ``model``'s forward takes a key/value cache: ``"cache"`` from the
+    transformers releases that renamed it (5.2x; the old name warns there, and is to go in
+    5.40), ``"past_key_values"`` before, and for a model whose forward names only that."""
+    inner = unwrap(model)
+    inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper
+    params = inspect.signature(type(inner).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def output_cache(output):
+    """The key/value cache of a model output, under either name (see `cache_keyword`)."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
 def _sharded(model: nn.Module) -> bool:
     """The model is FSDP2-sharded (``fully_shard``)."""
     try:
@@ -254,7 +270,7 @@ def shared_prompt_hidden(
         position_ids=trimmed.position_ids[first, :width],
         use_cache=True,
     )
-    cache = prompt.past_key_values
+    cache = output_cache(prompt)
     cache.reorder_cache(inverse)  # (U, heads, P', d) -> (B, heads, P', d), differentiable
     last = prompt.last_hidden_state[inverse, -1:]  # (B, 1, H)
     if trimmed.kept == 1:
@@ -263,8 +279,8 @@ def shared_prompt_hidden(
         input_ids=trimmed.input_ids[:, width : width + trimmed.kept - 1],
         attention_mask=trimmed.attention_mask[:, : width + trimmed.kept - 1].long(),
         position_ids=trimmed.position_ids[:, width : width + trimmed.kept - 1],
-        past_key_values=cache,
         use_cache=True,
+        **{cache_keyword(backbone): cache},
     )
     return torch.cat([last, responses.last_hidden_state], dim=1)
 

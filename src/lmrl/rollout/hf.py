@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from lmrl.batch import Batch
-from lmrl.models.forward import distinct_rows
+from lmrl.models.forward import cache_keyword, distinct_rows
 from lmrl.rollout.base import (
     CallSeeds,
     RolloutEngine,
@@ -108,6 +108,7 @@ class HFEngine(RolloutEngine):
         takes_kwargs = any(p.kind == p.VAR_KEYWORD for p in params.values())
         # only the last position's logits are needed: never build (B, P, V) at prefill
         self._logits_to_keep = "logits_to_keep" in params or takes_kwargs
+        self._cache_keyword = cache_keyword(model)
 
     # ------------------------------------------------------------------ interface
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
@@ -214,8 +215,8 @@ class HFEngine(RolloutEngine):
             input_ids=ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
+            **{self._cache_keyword: cache},
             **kwargs,
         )
         return out.logits[:, -1, :].float()
