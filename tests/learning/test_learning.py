@@ -11,8 +11,9 @@ holds the last one measured.
 
 ``count`` and ``compare`` are not here: the recipe moves them, but not by ``MARGIN`` with every
 estimator in a run this suite can afford. ``count`` (from 0.33): GRPO +0.16 in 400 steps,
-the others -0.01 to +0.09 in 500; ``compare`` (from 0.56): +0.09 to +0.13 in 500 steps, then
-it stalls with most groups alike. docs/learning.md has those runs.
+the others -0.01 to +0.09 in 500, and GRPO +0.09 at best on a second seed; ``compare`` (from
+0.56): +0.09 to +0.13 in 500 steps, then it stalls with most groups alike. docs/learning.md
+has those runs.
 """
 
 from __future__ import annotations

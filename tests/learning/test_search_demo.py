@@ -1,5 +1,5 @@
 """``lmrl demo --task search`` learns to search, and without the tool it does not (the
-learning suite: ``make test-learning``, not in the default run).
+slow tests: ``make test-demos``, not in the default run).
 
 Issue 14's bar: greedy validation exact match from at most 0.2 after the warm start to at
 least 0.6 after GRPO, the whole demo in under 10 minutes on this CPU, with searches per sample
@@ -30,9 +30,13 @@ def test_search_demo_learns_to_use_the_tool(with_tool):
     assert with_tool["tool_calls_last"] > with_tool["tool_calls_first"] + 0.2
 
 
-def test_without_the_search_tool_the_same_warm_start_stays_low(tmp_path):
+def test_without_the_search_tool_the_same_warm_start_stays_low(with_tool, tmp_path):
     from lmrl.trainer.demo_search import run_search_demo
 
-    summary = run_search_demo(tmp_path / "demo", console=False, search=False, rl_steps=30)
+    summary = run_search_demo(
+        tmp_path / "demo", console=False, search=False, rl_steps=30, warm_start=with_tool
+    )
     print(summary)
+    assert summary["sft_model"] == with_tool["sft_model"]  # the very same warm start
+    assert summary["acc_after_sft"] == with_tool["acc_after_sft"]  # measured with the tool
     assert summary["acc_after_rl"] <= 0.15

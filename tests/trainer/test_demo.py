@@ -121,3 +121,13 @@ def test_fast_search_demo_through_the_cli(tmp_path, capsys):
     lines = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").open()]
     assert all("agent/tool_calls/mean" in line for line in lines if line["step"] > 0)
     assert cli_main(["demo", "--task", "digits", "--no-tool", "--out", str(tmp_path / "x")]) == 2
+    # the ablation from this run's warm start: no model, data or SFT of its own
+    from lmrl.trainer.demo_search import run_search_demo
+
+    ablation = run_search_demo(
+        tmp_path / "no-tool", fast=True, search=False, console=False, warm_start=summary
+    )
+    assert sorted(p.name for p in (tmp_path / "no-tool").iterdir()) == ["demo.json", "rl"]
+    for key in ("sft_model", "data", "sft_steps", "acc_reading", "acc_after_sft"):
+        assert ablation[key] == summary[key], key
+    assert ablation["search"] is False and ablation["rl_steps"] == 2
