@@ -131,3 +131,4 @@ def test_fast_search_demo_through_the_cli(tmp_path, capsys):
     for key in ("sft_model", "data", "sft_steps", "acc_reading", "acc_after_sft"):
         assert ablation[key] == summary[key], key
     assert ablation["search"] is False and ablation["rl_steps"] == 2
+    assert ablation["sft_seconds"] == 0.0  # it trained no SFT of its own

@@ -31,6 +31,7 @@ Log-probs, entropy and KL at padded response positions are 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -167,7 +168,13 @@ def cache_keyword(model: nn.Module) -> str:
     5.40), ``"past_key_values"`` before, and for a model whose forward names only that."""
     inner = unwrap(model)
     inner = getattr(inner, "_orig_mod", inner)  # torch.compile's wrapper
-    params = inspect.signature(type(inner).forward).parameters
+    return _cache_keyword_of(type(inner))
+
+
+@functools.cache
+def _cache_keyword_of(cls: type) -> str:
+    """`cache_keyword` of a model class (read from its forward's signature once)."""
+    params = inspect.signature(cls.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 

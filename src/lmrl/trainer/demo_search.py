@@ -198,7 +198,8 @@ def run_search_demo(
         }
     else:  # the keys of the summary below
         sft = {k: warm_start[k] for k in ("sft_model", "sft_steps", "acc_reading",
-                                          "acc_after_sft", "sft_seconds")}  # fmt: skip
+                                          "acc_after_sft")}  # fmt: skip
+        sft["sft_seconds"] = 0.0  # this run trained none
         data = sft["data"] = {k: Path(v) for k, v in warm_start["data"].items()}
         if console:
             print(f"lmrl demo: the warm start of {warm_start['out_dir']}; GRPO with "
