@@ -273,7 +273,7 @@ class FlowTrainer:
         self.model.eval()
         with self.ema.applied() if self.ema is not None else nullcontext():
             images = self.val_sampler.sample(self.model, cond, noise, uncond=self._uncond(cond))
-        images = images["images"]
+        images = images["images"].cpu()  # one copy to the host: scored, then drawn
         scores, checks = self._score(images, rows)
         out = self.run_dir / "samples" / f"step_{self.global_step}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
