@@ -42,6 +42,7 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         "4 updates per batch with clip-higher",
     ),
     "entropy": (["actor.entropy_coeff=0.01"], "an entropy bonus"),
+    "entropy0.03": (["actor.entropy_coeff=0.03"], "a larger entropy bonus"),
     "temp1.3": (["rollout.temperature=1.3"], "hotter sampling"),
     "temp0.7": (["rollout.temperature=0.7"], "cooler sampling (closer to greedy)"),
     "temp0.5": (["rollout.temperature=0.5"], "cooler still"),
@@ -73,6 +74,10 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
     "kl": (
         ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.01", "actor.kl_loss_type=low_var_kl"],
         "k3 KL to the warm start in the loss",
+    ),
+    "kl0.2": (
+        ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.2", "actor.kl_loss_type=low_var_kl"],
+        "a strong k3 KL to the warm start in the loss",
     ),
     "drgrpo": (
         [

@@ -48,6 +48,19 @@ def make_batch(seed: int = 0, vocab: int = 259, pad: int = 256) -> Batch:
     )
 
 
+def group_rows(batch: Batch, repeats=(3, 2, 1, 2, 4), seed: int = 5) -> Batch:
+    """Rows of ``batch`` repeated as GRPO groups, each row with its own random response."""
+    index = torch.arange(len(repeats)).repeat_interleave(torch.tensor(repeats))
+    out = batch.index(index)
+    responses = torch.randint(
+        0, 256, out["responses"].shape, generator=torch.Generator().manual_seed(seed)
+    )
+    responses[~out["response_mask"]] = 256
+    out["responses"] = responses
+    out["input_ids"] = torch.cat([out["prompts"], responses], 1)
+    return out
+
+
 def naive_log_probs(model, batch, temperature: float = 1.0):
     """The obviously-correct reference: full logits, float64 log_softmax, gather."""
     T = batch["responses"].shape[1]
@@ -66,6 +79,12 @@ def naive_log_probs(model, batch, temperature: float = 1.0):
 @pytest.fixture
 def batch():
     return make_batch()
+
+
+@pytest.fixture
+def grouped():
+    """``make_batch()``'s rows repeated as GRPO groups of 3, 2, 1, 2 and 4 (``group_rows``)."""
+    return group_rows(make_batch())
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lmrl.models import compute_values, forward_values, load_causal_lm, load_critic
+from lmrl.models.critic import value_head
 
 
 def test_initialized_from_the_actor_with_a_zero_head(qwen_dir, batch):
@@ -51,6 +52,55 @@ def test_gradient_flows_and_save_load_round_trip(qwen_dir, batch, tmp_path):
     critic.save_pretrained(tmp_path / "critic")
     loaded = load_critic(tmp_path / "critic")  # its own trained head, not a fresh zero one
     torch.testing.assert_close(compute_values(loaded, batch, 2), want, atol=1e-6, rtol=0)
+
+
+def _random_head(critic):
+    with torch.no_grad():
+        critic.score.weight.normal_(0.0, 0.1, generator=torch.Generator().manual_seed(0))
+        critic.score.bias.fill_(0.3)
+    return critic
+
+
+@pytest.mark.parametrize("arch", ["qwen", "llama"])
+def test_shared_prompts_give_the_full_forwards_values_and_gradients(
+    arch, qwen_dir, llama_dir, grouped
+):
+    """GRPO-style groups: each prompt runs once, and the values and every parameter's
+    gradient are the full forward's; the no-grad path (micro-batches splitting groups) too."""
+    path = qwen_dir if arch == "qwen" else llama_dir
+    mask = grouped["response_mask"]
+    weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
+    results = []
+    for share in (True, False):
+        critic = _random_head(load_critic(path)).train()
+        calls: list[torch.Tensor] = []
+
+        def record(module, args, kwargs, out, calls=calls):  # rows of each backbone pass
+            calls.append(kwargs.get("input_ids", args[0] if args else None))
+
+        critic.base_model.register_forward_hook(record, with_kwargs=True)
+        values = forward_values(critic, grouped, share_prompts=share)
+        ((values - 1.0) ** 2 * weights).sum().backward()
+        results.append((values.detach(), {n: p.grad for n, p in critic.named_parameters()}))
+        rows = [ids.shape[0] for ids in calls]
+        assert rows == ([5, 12] if share else [12])  # 5 distinct prompts, then 12 responses
+    (values, grads), (want, want_grads) = results
+    torch.testing.assert_close(values, want, atol=1e-5, rtol=0)
+    assert (values[~mask] == 0).all() and (values[mask] != 0).all()
+    for name, g in want_grads.items():  # float32 sums in another order: relative to the largest
+        torch.testing.assert_close(grads[name], g, atol=1e-5 * g.abs().max(), rtol=1e-5, msg=name)
+    critic = _random_head(load_critic(path))
+    torch.testing.assert_close(compute_values(critic, grouped, 5), want, atol=1e-5, rtol=0)
+
+
+def test_the_full_forward_runs_where_the_head_is_not_plain(qwen_dir):
+    critic = load_critic(qwen_dir)
+    assert value_head(critic) == (critic.base_model, critic.score)
+    assert value_head(load_critic(qwen_dir, gradient_checkpointing=True)) is None
+    critic.dropout.p = 0.1  # an active dropout before the head: the model's own forward
+    assert value_head(critic.train()) is None and value_head(critic.eval()) is not None
+    critic.score.register_forward_hook(lambda *a: None)
+    assert value_head(critic) is None
 
 
 def test_critic_errors_name_the_path(tmp_path):

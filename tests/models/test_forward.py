@@ -130,22 +130,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(qwen_dir, batch):
         torch.testing.assert_close(grads[1][name], g, atol=1e-6, rtol=1e-5, msg=name)
 
 
-def _grouped(batch, repeats=(3, 2, 1, 2, 4), seed=5):
-    """Rows of ``batch`` repeated as GRPO groups, each row with its own random response."""
-    index = torch.arange(len(repeats)).repeat_interleave(torch.tensor(repeats))
-    out = batch.index(index)
-    responses = torch.randint(
-        0, 256, out["responses"].shape, generator=torch.Generator().manual_seed(seed)
-    )
-    responses[~out["response_mask"]] = 256
-    out["responses"] = responses
-    out["input_ids"] = torch.cat([out["prompts"], responses], 1)
-    return out
-
-
-def test_prompt_groups_finds_shared_prompts(batch):
+def test_prompt_groups_finds_shared_prompts(batch, grouped):
     assert prompt_groups(trim_batch(batch)) is None  # every prompt distinct
-    first, inverse = prompt_groups(trim_batch(_grouped(batch)))
+    first, inverse = prompt_groups(trim_batch(grouped))
     assert len(first) == 5 and inverse.shape == (12,)
     assert torch.equal(inverse[first], torch.arange(5))  # first rows map to themselves
     groups = torch.arange(5).repeat_interleave(torch.tensor([3, 2, 1, 2, 4]))
@@ -154,8 +141,7 @@ def test_prompt_groups_finds_shared_prompts(batch):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_shared_prompts_equal_the_full_forward(qwen_dir, batch, temperature):
-    grouped = _grouped(batch)
+def test_shared_prompts_equal_the_full_forward(qwen_dir, grouped, temperature):
     mask = grouped["response_mask"]
     weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
     results = []
@@ -179,7 +165,9 @@ def test_shared_prompts_equal_the_full_forward(qwen_dir, batch, temperature):
     torch.testing.assert_close(no_grad, ref_logp, atol=1e-5, rtol=0)
 
 
-def test_the_cache_goes_by_the_name_the_installed_transformers_takes(qwen_dir, batch, monkeypatch):
+def test_the_cache_goes_by_the_name_the_installed_transformers_takes(
+    qwen_dir, grouped, monkeypatch
+):
     """No deprecated ``past_key_values`` on a transformers that renamed it to ``cache`` (it
     warns there, and goes in 5.40), the old name on one that did not; a LoRA wrapper or a
     forward that names only ``past_key_values`` is asked by its own signature."""
@@ -206,7 +194,7 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(qwen_dir, b
         monkeypatch.setattr(generic.logger, "warning_once", lambda msg, *a, **k: said.append(msg))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        forward_log_probs(model, _grouped(batch), 1.0, share_prompts=True)  # the shared prefill
+        forward_log_probs(model, grouped, 1.0, share_prompts=True)  # the shared prefill
         tokenizer = load_tokenizer(qwen_dir)
         enc = tokenizer(["abc", "de"], return_tensors="pt", padding=True)
         prompts = Batch(
@@ -274,8 +262,8 @@ def _naive_full_kl(policy, reference, batch, temperature):
 
 @pytest.mark.parametrize("share", [False, True])
 @pytest.mark.parametrize("kind", ["frozen", "lora"])
-def test_full_kl_and_its_gradient_equal_the_unchunked_kl(qwen_dir, batch, kind, share):
-    grouped = _grouped(batch)  # GRPO groups: with ``share``, each prompt runs once per side
+def test_full_kl_and_its_gradient_equal_the_unchunked_kl(qwen_dir, grouped, kind, share):
+    # ``grouped``: GRPO groups; with ``share``, each prompt runs once per side
     mask = grouped["response_mask"]
     weights = torch.rand(
         mask.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64

@@ -10,6 +10,12 @@ loads back from its own path with its trained head. Dropout before the head is o
 
 The value of response token ``t`` is the head's output at position ``P - 1 + t``, the state
 from which token ``t`` is generated (the same alignment as the log-probs).
+
+Shared prompts, as for the log-probs (``lmrl.models.forward``): when rows of a micro-batch
+share their prompt (GRPO-style groups, ``rollout.n > 1``), the backbone runs each distinct
+prompt once and only the response tokens per row, and the value head is applied to those
+hidden states (`value_head`). A PPO step's critic forward and backward then cost what the
+actor's do instead of ``n`` full passes.
 """
 
 from __future__ import annotations
@@ -20,7 +26,17 @@ import torch
 from torch import nn
 
 from lmrl.errors import ModelError
-from lmrl.models.forward import REQUIRED_KEYS, check_keys, eval_mode, micro_batches, trim_batch
+from lmrl.models.forward import (
+    REQUIRED_KEYS,
+    _sharded,
+    can_share_prompts,
+    check_keys,
+    eval_mode,
+    micro_batches,
+    prompt_groups,
+    shared_prompt_hidden,
+    trim_batch,
+)
 from lmrl.models.loading import (
     ModelPathError,
     check_model_path,
@@ -92,20 +108,46 @@ def load_critic(
     return critic
 
 
-def forward_values(critic: nn.Module, batch) -> torch.Tensor:
+def value_head(critic: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
+    """``(backbone, score)`` when the critic's values are exactly ``score(backbone(x))``: a
+    hook-free ``nn.Linear`` head named ``score`` (transformers' decoder token-classification
+    models), no active dropout before it, an unsharded model and a backbone that can share
+    prompts (`lmrl.models.forward.can_share_prompts`); None when the critic's own forward
+    must run."""
+    head = getattr(critic, "score", None)
+    backbone = getattr(critic, "base_model", None)
+    if type(head) is not nn.Linear or backbone is None or backbone is critic or _sharded(critic):
+        return None
+    if head._forward_hooks or head._forward_pre_hooks:
+        return None
+    dropout = getattr(critic, "dropout", None)
+    if dropout is not None and critic.training and getattr(dropout, "p", 0.0) > 0:
+        return None
+    return (backbone, head) if can_share_prompts(critic) else None
+
+
+def forward_values(critic: nn.Module, batch, share_prompts: bool = True) -> torch.Tensor:
     """Values of the response positions, differentiable (the critic update calls this).
 
     Args:
         critic: a model from :func:`load_critic`.
         batch: ``input_ids`` (B, P+T), ``attention_mask`` (B, P+T), ``responses`` (B, T),
             optionally ``position_ids``.
+        share_prompts: run each distinct prompt of the batch once (see the module docstring);
+            False always runs every row in full.
 
     Returns:
         (B, T) fp32 on the critic's device, 0 at padded response positions.
     """
     trimmed = trim_batch(batch, next(critic.parameters()).device)
-    scores = critic(**trimmed.model_inputs()).logits  # (B, L', 1)
-    values = scores[:, trimmed.start : trimmed.start + trimmed.kept, 0].float()
+    parts = value_head(critic) if share_prompts else None
+    groups = prompt_groups(trimmed) if parts is not None else None
+    if groups is not None:
+        backbone, head = parts
+        values = head(shared_prompt_hidden(backbone, trimmed, *groups))[..., 0].float()
+    else:
+        scores = critic(**trimmed.model_inputs()).logits  # (B, L', 1)
+        values = scores[:, trimmed.start : trimmed.start + trimmed.kept, 0].float()
     return trimmed.to_full(values)
 
 
