@@ -51,6 +51,7 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         "cooler sampling and a lower learning rate together",
     ),
     "n16": (["rollout.n=16"], "16 samples per prompt (twice the samples per step)"),
+    "n4": (["rollout.n=4"], "4 samples per prompt (half the samples per step)"),
     "t07_lr1e-4_binary": (
         [
             "rollout.temperature=0.7",
@@ -86,6 +87,14 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
             "actor.loss_agg_mode=seq-mean-token-sum-norm",
         ],
         "Dr.GRPO: no std, constant divisor",
+    ),
+    "clipcov0.1": (
+        ["actor.policy_loss.loss_mode=clip_cov", "actor.policy_loss.clip_cov_ratio=0.1"],
+        "Clip-Cov: 10% of the tokens, drawn among those of covariance in (1, 5), send no gradient",
+    ),
+    "clipcov0.3": (
+        ["actor.policy_loss.loss_mode=clip_cov", "actor.policy_loss.clip_cov_ratio=0.3"],
+        "Clip-Cov on up to 30% of the tokens",
     ),
     "seqmean": (["actor.loss_agg_mode=seq-mean-token-mean"], "sequence-mean aggregation"),
     "dynamic": (["algorithm.filter_groups.enable=true"], "DAPO dynamic sampling"),

@@ -22,7 +22,15 @@ ALL_HYPERPARAMETERS = {
     "clip_ratio_c": 3.0,
     "tau_pos": 1.0,
     "tau_neg": 1.05,
+    "clip_cov_ratio": 0.0002,
+    "clip_cov_lb": 1.0,
+    "clip_cov_ub": 5.0,
+    "kl_cov_ratio": 0.0002,
+    "ppo_kl_coef": 1.0,
 }
+# losses that pick tokens within the (micro-)batch they are given, as verl's do: a batch cut
+# into micro-batches picks otherwise than the whole
+PICK_PER_BATCH = ("clip_cov",)
 
 
 def t(rows, dtype=torch.float64):
@@ -34,7 +42,9 @@ def close(actual: torch.Tensor, expected) -> None:
 
 
 def run(name, old, new, adv, mask, **kw):
-    """Loss, metrics and d loss / d log_prob of the named policy loss."""
+    """Loss, metrics and d loss / d log_prob of the named policy loss (torch's generator
+    reseeded first: ``clip_cov`` draws its tokens from it)."""
+    torch.manual_seed(0)
     log_prob = new.clone().requires_grad_(True)
     loss, metrics = policy_losses.get(name)(old, log_prob, adv, mask, **kw)
     (grad,) = torch.autograd.grad(loss, log_prob)
@@ -257,6 +267,82 @@ def test_rollout_weights_scale_per_token_loss():
 
 
 # ------------------------------------------------------------------------------------------
+# clip_cov / kl_cov (arXiv:2505.22617)
+# ------------------------------------------------------------------------------------------
+
+# four tokens on-policy (ratio 1): mean A = 0.5, mean log_prob = -1.0, so the covariances
+# (A - 0.5)(log_prob + 1) are 1.5 * 1.0 = 1.5, -1.5 * 1.0 = -1.5, 0.5 * -1.0 = -0.5 and
+# -0.5 * -1.0 = 0.5: only the first lies in clip_cov's default band (1, 5)
+COV_LOGP = [[0.0, 0.0, -2.0, -2.0]]
+COV_ADV = [[2.0, -1.0, 1.0, 0.0]]
+
+
+def test_clip_cov_drops_the_gradient_of_a_high_covariance_token():
+    lp, adv, mask = t(COV_LOGP), t(COV_ADV), t([[True] * 4], torch.bool)
+    loss, m, grad = run("clip_cov", lp, lp, adv, mask, clip_cov_ratio=0.25)
+    # the first token dropped; the others -A r with r = 1, token-mean over all four
+    close(loss, (1.0 - 1.0 - 0.0) / 4)
+    close(grad, [[0.0, 0.25, -0.25, 0.0]])
+    assert m["cov_clipfrac"].item() == 0.25 and m["pg_clipfrac"].item() == 0.0
+    # with no token in the band, it is PPO's clip: the vanilla loss without its dual clip
+    for lb in (1.6, -10.0):  # nothing in (1.6, 5); or every token: ratio 0 still drops one
+        loss, m, grad = run("clip_cov", lp, lp, adv, mask, clip_cov_lb=lb, clip_cov_ratio=0.0)
+        dropped = 0 if lb > 1.5 else 1
+        assert m["cov_clipfrac"].item() == dropped / 4
+        if not dropped:
+            _, _, want = run("vanilla", lp, lp, adv, mask, clip_ratio_c=1e9)
+            torch.testing.assert_close(grad, want)
+
+
+def test_clip_cov_counts_a_fraction_of_the_valid_tokens_and_skips_clipped_ones():
+    g = torch.Generator().manual_seed(3)
+    old = -torch.rand(8, 16, generator=g, dtype=torch.float64)
+    adv = torch.randn(8, 16, generator=g, dtype=torch.float64)
+    mask = torch.rand(8, 16, generator=g) < 0.75
+    kw = {"clip_cov_lb": -1e9, "clip_cov_ub": 1e9}  # every token eligible
+    _, m, grad = run("clip_cov", old, old, adv, mask, clip_cov_ratio=0.5, **kw)
+    valid = int(mask.sum())
+    assert m["cov_clipfrac"].item() == pytest.approx(int(0.5 * valid) / valid)
+    assert int(((grad == 0) & mask).sum()) == int(0.5 * valid)
+    # a token the PPO clip took is never drawn: push every ratio out of range
+    new = old + torch.where(adv > 0, 1.0, -1.0).to(old.dtype)
+    _, m, grad = run("clip_cov", old, new, adv, mask, clip_cov_ratio=1.0, **kw)
+    assert m["pg_clipfrac"].item() == 1.0 and m["cov_clipfrac"].item() == 0.0
+
+
+def test_clip_cov_and_kl_cov_check_their_hyperparameters():
+    x = t([[0.1]])
+    mask = t([[True]], torch.bool)
+    with pytest.raises(ValueError, match="clip_cov_ratio"):
+        policy_losses.get("clip_cov")(x, x, x, mask, clip_cov_ratio=1.5)
+    with pytest.raises(ValueError, match="clip_cov_lb"):
+        policy_losses.get("clip_cov")(x, x, x, mask, clip_cov_lb=5.0, clip_cov_ub=1.0)
+    with pytest.raises(ValueError, match="kl_cov_ratio"):
+        policy_losses.get("kl_cov")(x, x, x, mask, kl_cov_ratio=-0.1)
+    with pytest.raises(ValueError, match="ppo_kl_coef"):
+        policy_losses.get("kl_cov")(x, x, x, mask, ppo_kl_coef=-1.0)
+
+
+def test_kl_cov_penalizes_the_tokens_of_largest_covariance():
+    lp, adv, mask = t(COV_LOGP), t(COV_ADV), t([[True] * 4], torch.bool)
+    # on-policy the penalty |log r| has no gradient at r = 1: the plain policy gradient
+    loss, m, grad = run("kl_cov", lp, lp, adv, mask, kl_cov_ratio=0.5)
+    close(grad, [[-0.5, 0.25, -0.25, 0.0]])
+    assert m["cov_klfrac"].item() == 0.5  # tokens 1 and 4 (covariances 1.5 and 0.5)
+    # off-policy by +0.1 each, the two chosen tokens add coef * |log r| (the selection
+    # uses the current log-probs, which moved together: the same two)
+    new = lp + 0.1
+    r = math.exp(0.1)
+    loss, m, grad = run("kl_cov", lp, new, adv, mask, kl_cov_ratio=0.5, ppo_kl_coef=2.0)
+    close(loss, (-2.0 * r + 2 * 0.1 + 1.0 * r - 1.0 * r + 0.0 + 2 * 0.1) / 4)
+    close(grad, [[(-2.0 * r + 2.0) / 4, r / 4, -r / 4, 2.0 / 4]])
+    # fewer than one token's worth: nothing penalized, the unclipped surrogate
+    loss, m, grad = run("kl_cov", lp, new, adv, mask)
+    assert m["cov_klfrac"].item() == 0.0
+    close(grad, [[-2.0 * r / 4, r / 4, -r / 4, 0.0]])
+
+
+# ------------------------------------------------------------------------------------------
 # contract over every registry entry
 # ------------------------------------------------------------------------------------------
 
@@ -318,6 +404,9 @@ def test_loss_hyperparameters_are_the_declared_keywords():
     assert loss_hyperparameters("geo_mean") == clip
     assert loss_hyperparameters("sapo") == ("tau_pos", "tau_neg")
     assert loss_hyperparameters("reinforce") == ()
+    assert loss_hyperparameters("clip_cov") == (*clip, "clip_cov_ratio", "clip_cov_lb",
+                                                "clip_cov_ub")  # fmt: skip
+    assert loss_hyperparameters("kl_cov") == ("kl_cov_ratio", "ppo_kl_coef")
     for name in policy_losses.names():  # the actor knows every one of them
         assert set(loss_hyperparameters(name)) <= set(ALL_HYPERPARAMETERS), name
     with pytest.raises(ValueError, match="vanilla"):
@@ -395,6 +484,8 @@ def test_micro_batch_invariance(seed, b, tt, cuts, with_weights):
     bounds = [0, *sorted(c for c in cuts if c < b), b]
     norm = AggNorm.from_mask(mask)
     for name in policy_losses.names():
+        if name in PICK_PER_BATCH:
+            continue
         for mode in LOSS_AGG_MODES:
             whole_loss, _, whole_grad = run(
                 name, old, new, adv, mask, loss_agg_mode=mode, rollout_is_weights=w

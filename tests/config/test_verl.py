@@ -505,6 +505,7 @@ def test_verl_layout_yaml_file(tmp_path):
     assert cfg.trainer.logger == ["console", "tensorboard"]
     assert cfg.trainer.max_ckpt_to_keep == 3 and cfg.resources.n_gpus_per_node == 1
     assert cfg.actor.strategy == "fsdp" and cfg.actor.fsdp_config.param_offload is False
+    assert cfg.actor.policy_loss.clip_cov_ratio == 0.0002  # clip_cov's, carried over
     noticed = {n.split("=")[0] for n in notices}
     assert {
         "data.tokenizer",
@@ -512,7 +513,6 @@ def test_verl_layout_yaml_file(tmp_path):
         "actor_rollout_ref.hybrid_engine",
         "actor_rollout_ref.model.use_remove_padding",
         "actor_rollout_ref.actor._target_",
-        "actor_rollout_ref.actor.policy_loss.clip_cov_ratio",
         "actor_rollout_ref.actor.optim.total_training_steps",
         "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params",
         "actor_rollout_ref.ref.fsdp_config.param_offload",

@@ -46,6 +46,8 @@ def test_every_metric_the_trainer_emits_is_documented(tiny_workspace, tiny_overr
             "reward.overlong_buffer.enable=true", "reward.overlong_buffer.len=2",
             "actor.clip_ratio_c=3.0",
         ],
+        "clip_cov": ["actor.policy_loss.loss_mode=clip_cov"],
+        "kl_cov": ["actor.policy_loss.loss_mode=kl_cov", "actor.ppo_epochs=2"],
     }  # fmt: skip
     emitted: set[str] = set()
     for name, extra in runs.items():
@@ -54,7 +56,8 @@ def test_every_metric_the_trainer_emits_is_documented(tiny_workspace, tiny_overr
         for metrics in trainer.fit():
             emitted |= metrics.keys()
     assert {"critic/vf_loss", "actor/kl_loss", "rollout_corr/is_weight_mean",
-            "filter_groups/kept_fraction", "actor/reward_kl_penalty"} <= emitted  # fmt: skip
+            "filter_groups/kept_fraction", "actor/reward_kl_penalty", "actor/cov_clipfrac",
+            "actor/cov_klfrac"} <= emitted  # fmt: skip
     assert any(k.startswith("val/") for k in emitted)
     missing = sorted(k for k in emitted if not documented(k))
     assert not missing, f"emitted but not in METRICS (lmrl.trainer.metrics): {missing}"

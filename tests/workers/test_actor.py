@@ -235,7 +235,9 @@ def test_each_loss_gets_exactly_its_own_hyperparameters(
     )
     assert tuple(worker.loss_kwargs) == loss_hyperparameters(name)
     expected = {"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": 0.28,
-                "clip_ratio_c": 3.0, "tau_pos": 0.9, "tau_neg": 1.05}  # fmt: skip
+                "clip_ratio_c": 3.0, "tau_pos": 0.9, "tau_neg": 1.05, "clip_cov_ratio": 0.0002,
+                "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002,
+                "ppo_kl_coef": 1.0}  # fmt: skip
     assert worker.loss_kwargs == {k: expected[k] for k in loss_hyperparameters(name)}
     metrics = worker.update_policy(with_log_probs(batch_factory(), worker))  # no TypeError
     assert all(torch.isfinite(v) for v in metrics.values())

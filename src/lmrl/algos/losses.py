@@ -402,6 +402,143 @@ def sapo(
     return loss, _metrics(None, None, ppo_kl=masked_mean(-log_ratio, x.mask))
 
 
+def _covariance(x: _Inputs) -> torch.Tensor:
+    """(B, T) per-token ``(A - mean A) * (log_prob - mean log_prob)`` over the valid tokens,
+    detached; ``-inf`` outside the mask (never selected). Its mean is the covariance whose
+    sign drives the entropy's change under the policy gradient (arXiv:2505.22617)."""
+    logp = x.log_prob.detach()
+    cov = (x.advantages - masked_mean(x.advantages, x.mask)) * (logp - masked_mean(logp, x.mask))
+    return torch.where(x.mask, cov, float("-inf"))
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be in [0, 1] (a fraction of the tokens), got {value}")
+
+
+@policy_losses.register("clip_cov")
+def clip_cov(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    rollout_is_weights: torch.Tensor | None = None,
+    norm: AggNorm | None = None,
+    clip_ratio: float = 0.2,
+    clip_ratio_low: float | None = None,
+    clip_ratio_high: float | None = None,
+    clip_cov_ratio: float = 0.0002,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+) -> tuple[torch.Tensor, Metrics]:
+    """Clip-Cov: PPO's clip, and no gradient from a random few tokens of high covariance.
+
+    "The Entropy Mechanism of RL for Reasoning LMs" (arXiv:2505.22617): the policy's entropy
+    falls at a rate set by the covariance of each token's log-prob and advantage; tokens
+    that are both likely and rewarded (or unlikely and penalized) sharpen the policy. Per
+    token ``c = (A - mean A)(log_prob - mean log_prob)`` over the valid tokens of this
+    (micro-)batch; among the tokens the PPO clip did not already take with ``clip_cov_lb < c
+    < clip_cov_ub``, ``max(1, int(clip_cov_ratio * #valid tokens))`` are drawn uniformly
+    (torch's global generator) and contribute no gradient; the others take ``max(-A r, -A
+    clip(r, 1 - low, 1 + high))``. No dual clip (as in verl). Unlike a clip on the ratio it
+    acts on the first, on-policy update too.
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
+        loss_agg_mode: see ``lmrl.algos.agg.agg_loss``.
+        rollout_is_weights: detached (B, T) weights multiplying the per-token loss.
+        norm: global normalizers of the mini-batch when this is a micro-batch.
+        clip_ratio, clip_ratio_low, clip_ratio_high: the ratio's clip range, as in ``vanilla``.
+        clip_cov_ratio: the fraction of valid tokens whose gradient is dropped, in [0, 1]
+            (verl's default 0.0002 is for batches of 10^5-10^6 tokens).
+        clip_cov_lb, clip_cov_ub: only tokens with covariance strictly between them.
+    Returns:
+        ``(loss, metrics)``: ``pg_clipfrac`` as in ``vanilla``; ``cov_clipfrac`` = fraction of
+        valid tokens dropped; ``pg_clipfrac_lower`` is 0.
+    """
+    _check_fraction("clip_cov_ratio", clip_cov_ratio)
+    if clip_cov_lb >= clip_cov_ub:
+        raise ValueError(f"clip_cov_lb ({clip_cov_lb}) must be below clip_cov_ub ({clip_cov_ub})")
+    low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
+    x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
+
+    log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_ratio)
+    pg_losses1 = -x.advantages * ratio
+    pg_losses2 = -x.advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    clipped = (pg_losses2 > pg_losses1) & x.mask
+    cov = _covariance(x)
+    eligible = (cov > clip_cov_lb) & (cov < clip_cov_ub) & ~clipped
+    candidates = eligible.flatten().nonzero().squeeze(1)
+    count = max(1, int(clip_cov_ratio * int(x.mask.sum())))
+    pick = torch.randperm(len(candidates), device=candidates.device)[:count]
+    dropped = torch.zeros_like(x.mask).flatten().index_fill_(0, candidates[pick], True)
+    dropped = dropped.view_as(x.mask)
+    pg_losses = torch.where(dropped, 0.0, torch.maximum(pg_losses1, pg_losses2))
+
+    loss = agg_loss(_weighted(pg_losses, x.weights), x.mask, loss_agg_mode, norm)
+    metrics = _metrics(
+        pg_clipfrac=_fraction(clipped, x.mask),
+        pg_clipfrac_lower=None,
+        ppo_kl=masked_mean(-log_ratio, x.mask),
+    )
+    metrics["cov_clipfrac"] = _fraction(dropped, x.mask).detach()
+    return loss, metrics
+
+
+@policy_losses.register("kl_cov")
+def kl_cov(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    *,
+    rollout_is_weights: torch.Tensor | None = None,
+    norm: AggNorm | None = None,
+    kl_cov_ratio: float = 0.0002,
+    ppo_kl_coef: float = 1.0,
+) -> tuple[torch.Tensor, Metrics]:
+    """KL-Cov: the unclipped surrogate, with a KL penalty on the tokens of highest covariance.
+
+    arXiv:2505.22617 (see ``clip_cov``). Per token ``l = -A r``; the ``int(kl_cov_ratio *
+    #valid tokens)`` valid tokens of largest covariance ``c`` (none when that is 0) take ``l =
+    -A r + ppo_kl_coef * |log_prob - old_log_prob|`` instead, which holds them near the policy
+    that sampled them. On the first, on-policy update ``log_prob == old_log_prob`` and the
+    penalty's gradient is 0: it acts from the second mini-batch or epoch of a batch on
+    (``ppo_mini_batch_size`` below the batch, or ``ppo_epochs`` > 1).
+
+    Args:
+        old_log_prob, log_prob, advantages, response_mask: (B, T), as in ``vanilla``.
+        loss_agg_mode: see ``lmrl.algos.agg.agg_loss``.
+        rollout_is_weights: detached (B, T) weights multiplying the per-token loss.
+        norm: global normalizers of the mini-batch when this is a micro-batch.
+        kl_cov_ratio: the fraction of valid tokens penalized, in [0, 1].
+        ppo_kl_coef: the penalty's weight, >= 0.
+    Returns:
+        ``(loss, metrics)``: ``cov_klfrac`` = fraction of valid tokens penalized; the clip
+        fractions are 0.
+    """
+    _check_fraction("kl_cov_ratio", kl_cov_ratio)
+    if ppo_kl_coef < 0:
+        raise ValueError(f"ppo_kl_coef must be >= 0, got {ppo_kl_coef}")
+    x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
+
+    log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    pg_losses = -x.advantages * torch.exp(log_ratio)
+    count = min(int(kl_cov_ratio * int(x.mask.sum())), int(x.mask.sum()))
+    top = _covariance(x).flatten().topk(count).indices
+    penalized = torch.zeros_like(x.mask).flatten().index_fill_(0, top, True).view_as(x.mask)
+    pg_losses = torch.where(penalized, pg_losses + ppo_kl_coef * log_ratio.abs(), pg_losses)
+
+    loss = agg_loss(_weighted(pg_losses, x.weights), x.mask, loss_agg_mode, norm)
+    metrics = _metrics(None, None, ppo_kl=masked_mean(-log_ratio, x.mask))
+    metrics["cov_klfrac"] = _fraction(penalized, x.mask).detach()
+    return loss, metrics
+
+
 @policy_losses.register("reinforce")
 def reinforce(
     old_log_prob: torch.Tensor,

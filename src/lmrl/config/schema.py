@@ -426,10 +426,21 @@ class PolicyLossConfig:
     loss_mode: str = opt(
         "vanilla",
         "Policy loss (lmrl.algos registry): vanilla (PPO clip + dual clip), gspo, geo_mean "
-        "(GMPO), cispo, sapo, reinforce.",
+        "(GMPO), cispo, sapo, clip_cov, kl_cov, reinforce.",
     )
     tau_pos: float = opt(1.0, "sapo: gate temperature for positive advantages.")
     tau_neg: float = opt(1.05, "sapo: gate temperature for negative advantages.")
+    clip_cov_ratio: float = opt(
+        0.0002,
+        "clip_cov: fraction of the tokens whose gradient is dropped, drawn among those of "
+        "high log-prob/advantage covariance (verl's default suits 10^5+ tokens a batch).",
+    )
+    clip_cov_lb: float = opt(1.0, "clip_cov: only tokens with covariance above this.")
+    clip_cov_ub: float = opt(5.0, "clip_cov: only tokens with covariance below this.")
+    kl_cov_ratio: float = opt(
+        0.0002, "kl_cov: fraction of the tokens, of highest covariance, given the KL penalty."
+    )
+    ppo_kl_coef: float = opt(1.0, "kl_cov: weight of the |log-ratio| penalty.")
 
 
 @dataclass

@@ -167,11 +167,6 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("actor.profiler.*", None, _PROF),
     Rule("actor.optim.total_training_steps", None, "the trainer computes the total steps"),
     Rule("actor.optim.num_cycles", None, "lmrl's cosine is a half cycle", only=(0.5,)),
-    Rule("actor.policy_loss.clip_cov_ratio", None, "used by verl's clip_cov loss only"),
-    Rule("actor.policy_loss.clip_cov_lb", None, "used by verl's clip_cov loss only"),
-    Rule("actor.policy_loss.clip_cov_ub", None, "used by verl's clip_cov loss only"),
-    Rule("actor.policy_loss.kl_cov_ratio", None, "used by verl's kl_cov loss only"),
-    Rule("actor.policy_loss.ppo_kl_coef", None, "used by verl's kl_cov loss only"),
     # ref
     Rule("ref.strategy", None, _REF_STRATEGY),
     Rule("ref.fsdp_config.*", None, _FSDP),

@@ -22,6 +22,8 @@ METRICS: dict[str, str] = {
     "actor/pg_loss": "policy-gradient loss of the update, averaged over mini-batches and epochs",
     "actor/pg_clipfrac": "fraction of tokens whose ratio was clipped (upper side for A>0)",
     "actor/pg_clipfrac_lower": "fraction of tokens hit by the dual clip (A<0, ratio > clip_ratio_c)",
+    "actor/cov_clipfrac": "clip_cov: fraction of tokens whose gradient was dropped (high covariance)",
+    "actor/cov_klfrac": "kl_cov: fraction of tokens given the abs(log-ratio) penalty (high covariance)",
     "actor/ppo_kl": "mean of old_log_prob - log_prob over tokens: how far the update moved",
     "actor/entropy": "mean token entropy of the policy on the rollout",
     "actor/kl_loss": "KL(pi || pi_ref) loss term (use_kl_loss)",

@@ -55,6 +55,11 @@ def policy_loss_kwargs(cfg) -> dict[str, float | None]:
         "clip_ratio_c": cfg.clip_ratio_c,
         "tau_pos": cfg.policy_loss.tau_pos,
         "tau_neg": cfg.policy_loss.tau_neg,
+        "clip_cov_ratio": cfg.policy_loss.clip_cov_ratio,
+        "clip_cov_lb": cfg.policy_loss.clip_cov_lb,
+        "clip_cov_ub": cfg.policy_loss.clip_cov_ub,
+        "kl_cov_ratio": cfg.policy_loss.kl_cov_ratio,
+        "ppo_kl_coef": cfg.policy_loss.ppo_kl_coef,
     }
     names = loss_hyperparameters(cfg.policy_loss.loss_mode)
     unknown = [n for n in names if n not in values]
