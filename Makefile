@@ -20,7 +20,7 @@ venv: $(VENV)/.installed
 test: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
-# each learnable small task x every advantage estimator learns by a margin (~8 min on 2 cores);
+# digits, sort, add and count x every advantage estimator learn by a margin (~13 min on 2 cores);
 # the table goes to learning-results/learning-table.md
 test-learning: venv
 	HF_HUB_OFFLINE=1 LMRL_LEARNING_OUT=learning-results $(PY) -m pytest -q -s -m learning tests/learning/test_learning.py

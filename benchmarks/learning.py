@@ -96,6 +96,11 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         ["actor.policy_loss.loss_mode=clip_cov", "actor.policy_loss.clip_cov_ratio=0.3"],
         "Clip-Cov on up to 30% of the tokens",
     ),
+    "clipcov0.6": (
+        ["actor.policy_loss.loss_mode=clip_cov", "actor.policy_loss.clip_cov_ratio=0.6"],
+        "Clip-Cov on up to 60% of the tokens",
+    ),
+    "covlb0": (["actor.policy_loss.clip_cov_lb=0.0"], "Clip-Cov's band from covariance 0"),
     "seqmean": (["actor.loss_agg_mode=seq-mean-token-mean"], "sequence-mean aggregation"),
     "dynamic": (["algorithm.filter_groups.enable=true"], "DAPO dynamic sampling"),
     "rloo": (["algorithm.adv_estimator=rloo"], "RLOO"),

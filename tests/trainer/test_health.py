@@ -31,6 +31,7 @@ def test_entropy_collapse_with_a_flat_score_is_said_once_but_not_when_the_score_
             for i, e in enumerate(entropy)]  # fmt: skip
     said = _feed(RunHealth(vocab_size=259), flat)
     assert len(said) == 1 and "sharpening" in said[0] and "rollout.temperature=0.7" in said[0]
+    assert "loss_mode=clip_cov" in said[0]
     rising = [{"actor/entropy": float(e), "critic/score/mean": 0.1 + 0.04 * i}
               for i, e in enumerate(entropy)]  # fmt: skip
     assert _feed(RunHealth(vocab_size=259), rising) == []
