@@ -528,8 +528,7 @@ def kl_cov(
 
     log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
     pg_losses = -x.advantages * torch.exp(log_ratio)
-    count = min(int(kl_cov_ratio * int(x.mask.sum())), int(x.mask.sum()))
-    top = _covariance(x).flatten().topk(count).indices
+    top = _covariance(x).flatten().topk(int(kl_cov_ratio * int(x.mask.sum()))).indices
     penalized = torch.zeros_like(x.mask).flatten().index_fill_(0, top, True).view_as(x.mask)
     pg_losses = torch.where(penalized, pg_losses + ppo_kl_coef * log_ratio.abs(), pg_losses)
 

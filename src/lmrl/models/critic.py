@@ -28,10 +28,10 @@ from torch import nn
 from lmrl.errors import ModelError
 from lmrl.models.forward import (
     REQUIRED_KEYS,
-    _sharded,
     can_share_prompts,
     check_keys,
     eval_mode,
+    is_sharded,
     micro_batches,
     prompt_groups,
     shared_prompt_hidden,
@@ -116,7 +116,7 @@ def value_head(critic: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     must run."""
     head = getattr(critic, "score", None)
     backbone = getattr(critic, "base_model", None)
-    if type(head) is not nn.Linear or backbone is None or backbone is critic or _sharded(critic):
+    if type(head) is not nn.Linear or backbone is None or backbone is critic or is_sharded(critic):
         return None
     if head._forward_hooks or head._forward_pre_hooks:
         return None

@@ -184,7 +184,7 @@ def output_cache(output):
     return cache if cache is not None else output.past_key_values
 
 
-def _sharded(model: nn.Module) -> bool:
+def is_sharded(model: nn.Module) -> bool:
     """The model is FSDP2-sharded (``fully_shard``)."""
     try:
         from torch.distributed.fsdp import FSDPModule
@@ -197,7 +197,7 @@ def fused_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     """``(backbone, lm_head)`` when the model's logits are exactly ``lm_head(backbone(x))``
     with a plain, hook-free ``nn.Linear`` head; None when the logits path must be used."""
     inner = unwrap(model)
-    if _sharded(inner):  # the root's parameters are gathered by its own forward only
+    if is_sharded(inner):  # the root's parameters are gathered by its own forward only
         return None
     head = inner.get_output_embeddings()
     backbone = getattr(inner, "base_model", None)
