@@ -31,8 +31,8 @@ from lmrl.models.forward import (
     can_share_prompts,
     check_keys,
     eval_mode,
-    is_sharded,
     micro_batches,
+    plain_head,
     prompt_groups,
     shared_prompt_hidden,
     trim_batch,
@@ -109,21 +109,16 @@ def load_critic(
 
 
 def value_head(critic: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
-    """``(backbone, score)`` when the critic's values are exactly ``score(backbone(x))``: a
-    hook-free ``nn.Linear`` head named ``score`` (transformers' decoder token-classification
-    models), no active dropout before it, an unsharded model and a backbone that can share
-    prompts (`lmrl.models.forward.can_share_prompts`); None when the critic's own forward
-    must run."""
-    head = getattr(critic, "score", None)
-    backbone = getattr(critic, "base_model", None)
-    if type(head) is not nn.Linear or backbone is None or backbone is critic or is_sharded(critic):
-        return None
-    if head._forward_hooks or head._forward_pre_hooks:
-        return None
+    """``(backbone, score)`` when the critic's values are exactly ``score(backbone(x))``: the
+    ``score`` head of transformers' decoder token-classification models, plain
+    (`lmrl.models.forward.plain_head`), no active dropout before it, and a backbone that can
+    share prompts (`lmrl.models.forward.can_share_prompts`); None when the critic's own
+    forward must run."""
     dropout = getattr(critic, "dropout", None)
     if dropout is not None and critic.training and getattr(dropout, "p", 0.0) > 0:
         return None
-    return (backbone, head) if can_share_prompts(critic) else None
+    parts = plain_head(critic, getattr(critic, "score", None))
+    return parts if parts is not None and can_share_prompts(critic) else None
 
 
 def forward_values(critic: nn.Module, batch, share_prompts: bool = True) -> torch.Tensor:

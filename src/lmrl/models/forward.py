@@ -193,23 +193,31 @@ def is_sharded(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def fused_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
-    """``(backbone, lm_head)`` when the model's logits are exactly ``lm_head(backbone(x))``
-    with a plain, hook-free ``nn.Linear`` head; None when the logits path must be used."""
-    inner = unwrap(model)
-    if is_sharded(inner):  # the root's parameters are gathered by its own forward only
+def plain_head(model: nn.Module, head: nn.Module | None) -> tuple[nn.Module, nn.Linear] | None:
+    """``(model.base_model, head)`` when ``head`` is a plain, hook-free ``nn.Linear`` over the
+    backbone of an unsharded transformers model, so that the head may be applied to hidden
+    states the caller computed; None otherwise (the model's own forward must run)."""
+    if is_sharded(model):  # the root's parameters are gathered by its own forward only
         return None
-    head = inner.get_output_embeddings()
-    backbone = getattr(inner, "base_model", None)
-    if type(head) is not nn.Linear or backbone is None or backbone is inner:
+    backbone = getattr(model, "base_model", None)
+    if type(head) is not nn.Linear or backbone is None or backbone is model:
         return None
     if head._forward_hooks or head._forward_pre_hooks:
         return None
-    config = getattr(inner, "config", None)
-    for name in LOGIT_TRANSFORMS:
-        if getattr(config, name, None) not in (None, 1, 1.0):
-            return None
     return backbone, head
+
+
+def fused_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
+    """``(backbone, lm_head)`` when the model's logits are exactly ``lm_head(backbone(x))``
+    (`plain_head`, no logit transform in the config); None when the logits path must be used."""
+    inner = unwrap(model)
+    parts = plain_head(inner, inner.get_output_embeddings())
+    config = getattr(inner, "config", None)
+    if parts is None or any(
+        getattr(config, name, None) not in (None, 1, 1.0) for name in LOGIT_TRANSFORMS
+    ):
+        return None
+    return parts
 
 
 def prompt_groups(trimmed: Trimmed) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -20,6 +20,7 @@ the same class as an actor.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import torch
@@ -42,8 +43,9 @@ UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "resp
 def policy_loss_kwargs(cfg) -> dict[str, float | None]:
     """The hyperparameters the configured policy loss declares, with their ``actor`` values.
 
-    Every loss hyperparameter the config holds is listed here once; each loss gets the ones
-    its signature names (e.g. ``reinforce`` none, ``sapo`` ``tau_pos`` and ``tau_neg``).
+    The PPO clip settings are ``actor`` fields, every other loss hyperparameter a field of
+    ``actor.policy_loss`` (a new loss's field needs no line here); each loss gets the ones its
+    signature names (e.g. ``reinforce`` none, ``sapo`` ``tau_pos`` and ``tau_neg``).
 
     Raises:
         ValueError: the loss declares a hyperparameter the ``actor`` config does not hold.
@@ -53,13 +55,12 @@ def policy_loss_kwargs(cfg) -> dict[str, float | None]:
         "clip_ratio_low": cfg.clip_ratio_low,
         "clip_ratio_high": cfg.clip_ratio_high,
         "clip_ratio_c": cfg.clip_ratio_c,
-        "tau_pos": cfg.policy_loss.tau_pos,
-        "tau_neg": cfg.policy_loss.tau_neg,
-        "clip_cov_ratio": cfg.policy_loss.clip_cov_ratio,
-        "clip_cov_lb": cfg.policy_loss.clip_cov_lb,
-        "clip_cov_ub": cfg.policy_loss.clip_cov_ub,
-        "kl_cov_ratio": cfg.policy_loss.kl_cov_ratio,
-        "ppo_kl_coef": cfg.policy_loss.ppo_kl_coef,
+        # a loss's own hyperparameters: every field of ``actor.policy_loss`` but the choice
+        **{
+            f.name: getattr(cfg.policy_loss, f.name)
+            for f in dataclasses.fields(cfg.policy_loss)
+            if f.name != "loss_mode"
+        },
     }
     names = loss_hyperparameters(cfg.policy_loss.loss_mode)
     unknown = [n for n in names if n not in values]
