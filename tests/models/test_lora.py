@@ -44,6 +44,23 @@ def test_all_linear_layers_adapted_and_only_the_adapter_trains(lora_actor):
     assert trainable and all("lora_" in n for n in trainable)
 
 
+def test_the_adapter_init_depends_on_the_seed_alone(qwen_dir):
+    """A's draw is the same whatever else drew from the RNG since seeding (on a GPU, PEFT
+    draws it from the GPU's RNG; there our draw is the CPU run's)."""
+
+    def adapters(extra_draws: int, seed: int = 0) -> dict[str, torch.Tensor]:
+        torch.manual_seed(seed)
+        torch.rand(extra_draws)
+        model = apply_lora(load_causal_lm(qwen_dir), lora_rank=4, lora_alpha=8)
+        return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_A" in n}
+
+    first, second, other = adapters(0), adapters(1000), adapters(0, seed=1)
+    assert first and all(torch.equal(first[n], second[n]) for n in first)
+    assert not any(torch.equal(first[n], other[n]) for n in first)
+    # Kaiming-uniform with a = sqrt(5): within 1 / sqrt(fan_in)
+    assert all(0 < float(a.abs().max()) <= a.shape[1] ** -0.5 for a in first.values())
+
+
 def test_reference_is_the_base_model_and_shares_its_weights(qwen_dir, lora_actor, batch):
     base = load_causal_lm(qwen_dir)
     base_logp, _ = compute_log_probs(base, batch, 2, temperature=0.7)

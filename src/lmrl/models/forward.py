@@ -97,8 +97,16 @@ class Trimmed:
         )
 
 
-def _model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+def compute_device(model: nn.Module) -> torch.device:
+    """Where ``model`` computes: its parameters' device, or for FSDP2 shards kept on the CPU
+    between uses (``CPUOffloadPolicy``), the device of their mesh."""
+    param = next(model.parameters())
+    mesh = getattr(param, "device_mesh", None)  # a DTensor's
+    if mesh is None or mesh.device_type == param.device.type:
+        return param.device
+    if mesh.device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(mesh.device_type)
 
 
 def check_keys(batch) -> None:
@@ -384,7 +392,7 @@ def forward_log_probs(
         ``(log_probs, entropy)``: (B, T) fp32 on the model's device, 0 at padded response
         positions; ``entropy`` is None unless ``with_entropy``.
     """
-    trimmed = trim_batch(batch, _model_device(model))
+    trimmed = trim_batch(batch, compute_device(model))
     outputs, head = response_outputs(model, trimmed, share_prompts)
     return _score(trimmed, outputs, head, temperature, with_entropy, chunk_size)
 
@@ -419,10 +427,10 @@ def forward_log_probs_and_kl(
         ``(log_probs, entropy, kl)``: (B, T) fp32 on the policy's device, 0 at padded
         response positions; ``entropy`` is None unless ``with_entropy``.
     """
-    device = _model_device(model)
+    device = compute_device(model)
     trimmed = trim_batch(batch, device)
     with torch.no_grad(), reference.context() as ref_model, eval_mode(ref_model):
-        ref_device = _model_device(ref_model)
+        ref_device = compute_device(ref_model)
         ref_trimmed = trimmed if ref_device == device else trim_batch(batch, ref_device)
         ref_outputs, ref_head = response_outputs(ref_model, ref_trimmed, share_prompts)
     ref_outputs = ref_outputs.to(device)

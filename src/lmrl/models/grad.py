@@ -37,6 +37,16 @@ def _is_dtensor(t) -> bool:
     return t is not None and type(t).__name__ == "DTensor"
 
 
+def wire_device() -> torch.device:
+    """Where a tensor must be for a collective of the default process group: NCCL takes CUDA
+    tensors only (this rank's GPU), gloo CPU tensors."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
     """``clip_grad_norm_`` for FSDP2's sharded gradients: the norm of the whole gradient
     (squared shard norms summed over the ranks), then the same clip coefficient on every
@@ -49,8 +59,9 @@ def _clip_sharded(params: list[torch.nn.Parameter], max_norm: float) -> torch.Te
     squares = torch.zeros((), dtype=torch.float64, device=device)
     for g in local:  # each shard's norm in its own dtype, as clip_grad_norm_ computes it
         squares = squares + torch.linalg.vector_norm(g).double() ** 2
+    squares = squares.to(wire_device())  # offloaded shards are on the CPU, NCCL wants CUDA
     dist.all_reduce(squares, op=dist.ReduceOp.SUM)
-    total = squares.sqrt()
+    total = squares.sqrt().to(device)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     for g in local:
         g.mul_(coef.to(g.device, g.dtype))

@@ -11,6 +11,7 @@ to zero, so a fresh adapter leaves the model's outputs unchanged.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,7 +62,26 @@ def apply_lora(
         lora_dropout=lora_dropout,
         bias="none",
     )
-    return get_peft_model(model, config)
+    peft_model = get_peft_model(model, config)
+    _draw_a_on_the_cpu(peft_model, torch.initial_seed())
+    return peft_model
+
+
+def _draw_a_on_the_cpu(model: PeftModel, seed: int) -> None:
+    """Redraw every ``A`` matrix with PEFT's own init (Kaiming-uniform, ``a = sqrt(5)``) from
+    a CPU generator seeded with ``seed``.
+
+    PEFT draws them from the RNG of the device the model is on, so the same seed gave another
+    adapter on a GPU than on the CPU; drawn here they are the same on every device (and the
+    same run, since the sampling is device-independent too).
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in model.named_parameters():
+        if ".lora_A." in name:
+            drawn = torch.empty(param.shape, dtype=torch.float32)
+            nn.init.kaiming_uniform_(drawn, a=math.sqrt(5), generator=generator)
+            with torch.no_grad():
+                param.copy_(drawn)
 
 
 def save_lora(model: PeftModel, out_dir: str | Path) -> Path:

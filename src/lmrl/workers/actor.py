@@ -31,7 +31,7 @@ from lmrl.algos.losses import loss_hyperparameters
 from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
 from lmrl.models import Reference, compute_log_probs, forward_log_probs
-from lmrl.models.forward import forward_log_probs_and_kl
+from lmrl.models.forward import compute_device, forward_log_probs_and_kl
 from lmrl.models.grad import clip_and_step
 from lmrl.workers.optim import TrainableWorker
 
@@ -177,7 +177,8 @@ class ActorWorker(TrainableWorker):
                 "or pass old_log_probs_from_update=True when this one-pass update's own "
                 "log-probs are the old ones"
             )
-        batch = batch.select(*(k for k in keys if k in batch))
+        # the driver's batch lives on the CPU; the loss needs it where the model computes
+        batch = batch.select(*(k for k in keys if k in batch)).to(compute_device(self.model))
         if cfg.use_kl_loss and not self.full_kl and "ref_log_probs" not in batch:
             raise ValueError("actor.use_kl_loss needs ref_log_probs in the batch")
         if "loss_mask" in batch:

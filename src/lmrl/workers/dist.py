@@ -32,6 +32,7 @@ from torch import nn
 
 from lmrl.batch import Batch
 from lmrl.models.forward import distinct_rows
+from lmrl.models.grad import wire_device
 
 __all__ = [
     "DDP",
@@ -240,18 +241,12 @@ class DDP(DataParallel):
         if any(k != keys for k in every):  # a key only some ranks produced counts 0 elsewhere
             keys = sorted({k for ks in every for k in ks})
         device = next((v.device for v in stats.values() if torch.is_tensor(v)), None)
-        wire = torch.device("cuda", torch.cuda.current_device()) if _nccl() else "cpu"
         values = torch.stack(
             [torch.as_tensor(stats.get(k, 0.0), dtype=torch.float64).cpu() for k in keys]
-        ).to(wire)
+        ).to(wire_device())
         with self._timed_comm():
             dist.all_reduce(values, op=dist.ReduceOp.SUM)
         return {k: v.to(device or "cpu") for k, v in zip(keys, values, strict=True)}
-
-
-def _nccl() -> bool:
-    """The default group talks NCCL (its collectives take CUDA tensors only)."""
-    return dist.get_backend() == "nccl"
 
 
 def _unflatten(flat: torch.Tensor, params: list[nn.Parameter]) -> Iterator[torch.Tensor]:

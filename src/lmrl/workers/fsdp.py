@@ -40,6 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from lmrl.batch import Batch
+from lmrl.models.grad import wire_device
 from lmrl.workers.dist import DDP
 
 __all__ = ["FSDP2"]
@@ -98,7 +99,7 @@ class FSDP2(DDP):
 
     # ---------------------------------------------------------------- the update loop
     def micro_batches(self, batch: Batch, size: int) -> list[Batch]:
-        count = torch.tensor([-(-len(batch) // size)], dtype=torch.long)
+        count = torch.tensor([-(-len(batch) // size)], dtype=torch.long, device=wire_device())
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         n = int(count)
         pieces = batch.chunk(n) if len(batch) else [batch] * n
