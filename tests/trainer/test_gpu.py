@@ -29,6 +29,18 @@ RECIPES = {
         "actor.use_kl_loss=true",
         "actor.kl_loss_type=low_var_kl",
     ],
+    "dapo_kl_in_reward": [
+        "algorithm.adv_estimator=grpo",
+        "actor.clip_ratio_high=0.28",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=4",
+        "reward.manager=dapo",
+        "reward.overlong_buffer.enable=true",
+        "reward.overlong_buffer.len=2",
+        "algorithm.use_kl_in_reward=true",
+        "algorithm.kl_ctrl.type=adaptive",
+        "algorithm.kl_ctrl.target_kl=0.01",
+    ],
     "clip_cov_dual_clip": [
         "algorithm.adv_estimator=rloo",
         "actor.policy_loss.loss_mode=clip_cov",
