@@ -1,5 +1,6 @@
-"""``lmrl train`` on a GPU (skipped without CUDA): the same samples, losses and update as on
-the CPU, a checkpoint that a CPU run resumes, and bfloat16 training (``model.dtype=auto``).
+"""``lmrl train`` and ``lmrl sft`` on a GPU (skipped without CUDA): the same samples, tool
+calls, losses and update as on the CPU, a checkpoint that a CPU run resumes, and bfloat16
+training (``model.dtype=auto``).
 
 The rollout's sampling is counter-based (``lmrl.rollout.hf.Draws``), a function of the seed
 and the row alone, so a float32 run on CUDA draws the CPU run's tokens: the rewards match
@@ -144,3 +145,58 @@ def test_auto_dtype_on_a_gpu_trains_in_bfloat16(tiny_workspace, tiny_overrides, 
         assert metrics["actor/grad_norm"] > 0 and metrics["actor/skipped_steps"] == 0, metrics
     moved = [k for k, v in before.items() if not torch.equal(v, after[k])]
     assert len(moved) > len(before) // 2, sorted(set(before) - set(moved))[:5]
+
+
+def _update_direction(before: dict, after: dict) -> torch.Tensor:
+    return torch.cat([(after[k] - v).flatten() for k, v in before.items()])
+
+
+def test_sft_on_a_gpu_trains_as_on_the_cpu(tiny_workspace, tmp_path):
+    from lmrl.config.sft import load_sft_config
+    from lmrl.trainer.sft import SFTTrainer
+
+    losses, moves = [], []
+    for device in ("cpu", "cuda"):
+        cfg = load_sft_config(None, [
+            f"model.path={tiny_workspace / 'model'}", "model.dtype=float32",
+            f"data.train_files={tiny_workspace / 'data' / 'train.parquet'}",
+            "data.response_from_ground_truth=true", "data.train_batch_size=8",
+            "optim.lr=3e-3", "trainer.total_training_steps=4", f"trainer.device={device}",
+            f"trainer.default_local_dir={tmp_path / f'sft{len(losses)}'}", "trainer.logger=[]",
+            "model.enable_gradient_checkpointing=false",
+        ])  # fmt: skip
+        trainer = SFTTrainer(cfg)
+        assert next(trainer.model.parameters()).device.type == device
+        before = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()}
+        losses.append([m["sft/loss"] for m in trainer.fit()])
+        after = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()}
+        moves.append(_update_direction(before, after))
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4)
+    assert float(torch.nn.functional.cosine_similarity(moves[0], moves[1], dim=0)) > 0.999
+
+
+def test_a_multi_turn_run_with_the_search_tool_on_a_gpu(search_workspace, tmp_path):
+    """The agent loop's tool calls and observation masks: the CPU run's, on the GPU."""
+    root = search_workspace
+    histories = []
+    for device in ("cpu", "cuda"):
+        cfg = load_config(None, [
+            f"model.path={root / 'model'}", "model.dtype=float32",
+            f"data.train_files={root / 'data' / 'train.parquet'}",
+            "data.max_prompt_length=64", "data.max_response_length=96",
+            "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=2",
+            "actor.optim.lr=1e-2", "algorithm.adv_estimator=grpo", "actor.use_kl_loss=true",
+            "rollout.multi_turn.enable=true", "rollout.multi_turn.max_turns=2",
+            "rollout.multi_turn.max_obs_length=40",
+            f"retriever.corpus={root / 'data' / 'corpus.parquet'}", "retriever.topk=1",
+            "model.enable_gradient_checkpointing=false", f"trainer.device={device}",
+            "trainer.total_training_steps=2", "trainer.logger=[]", "reward.num_workers=0",
+            f"trainer.default_local_dir={tmp_path / f'agent{len(histories)}'}",
+        ])  # fmt: skip
+        histories.append(Trainer(build_run(cfg), cfg.trainer).fit())
+    for cpu, gpu in zip(*histories, strict=True):
+        tool = [k for k in cpu if k.startswith(("tool/", "agent/"))]
+        assert tool and cpu["response_length/mean"] == gpu["response_length/mean"]
+        for key in tool:
+            assert gpu[key] == pytest.approx(cpu[key], rel=1e-6), key
+        assert gpu["actor/pg_loss"] == pytest.approx(cpu["actor/pg_loss"], rel=1e-3, abs=1e-5)
