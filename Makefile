@@ -20,10 +20,13 @@ venv: $(VENV)/.installed
 test: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
-# digits, sort, add and count x every advantage estimator learn by a margin (~13 min on 2 cores);
+# digits, sort, add, count and compare x every advantage estimator learn by a margin (~18 min on
+# 2 cores, two pytest-xdist workers of one thread);
 # the table goes to learning-results/learning-table.md
 test-learning: venv
-	HF_HUB_OFFLINE=1 LMRL_LEARNING_OUT=learning-results $(PY) -m pytest -q -s -m learning tests/learning/test_learning.py
+	HF_HUB_OFFLINE=1 LMRL_LEARNING_OUT=learning-results $(PY) -m pytest -q -m learning \
+		-n 2 --dist loadgroup tests/learning/test_learning.py
+	@cat learning-results/learning-table.md
 
 # the search and image demos pass their bars (~12 min on 2 cores)
 test-demos: venv

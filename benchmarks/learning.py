@@ -34,6 +34,7 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
     "binary": (["reward.scorer_options.{task}.binary=true"], "exact-match reward, no credit"),
     "lr1e-4": (["actor.optim.lr=1e-4"], "a lower learning rate"),
     "lr1e-3": (["actor.optim.lr=1e-3"], "a higher learning rate"),
+    "lr2e-4": (["actor.optim.lr=2e-4"], "between the recipe's 1e-4 and the demo's 3e-4"),
     "nowarmup": (["actor.optim.lr_warmup_steps=0"], "no warmup"),
     "clip_high": (["actor.clip_ratio_high=0.28"], "DAPO clip-higher"),
     "mb4": (["actor.ppo_mini_batch_size=4"], "4 updates per batch (the clip can act)"),

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# two threads; one per process when pytest-xdist runs several (make test-learning: -n 2)
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -38,7 +38,7 @@ def _tiny_model(args: argparse.Namespace) -> int:
 # what a from-scratch model needs next: its weights are random, so RL alone has nothing to
 # reinforce (entropy ~ log V); a warm start at a from-scratch learning rate comes first, then
 # the recipe of docs/learning.md (GRPO at temperature 0.7 and lr 1e-4 after a short warmup,
-# Clip-Cov on up to 30% of the tokens)
+# Clip-Cov on up to 10% of the tokens)
 TINY_NEXT = """\
 next: its weights are random, so warm it up with SFT before RL (at a from-scratch learning
 rate: a pretrained model's 1e-5..1e-4 leaves it near uniform). With a task of lmrl tasks:
@@ -51,7 +51,7 @@ rate: a pretrained model's 1e-5..1e-4 leaves it near uniform). With a task of lm
       data.train_batch_size=16 actor.ppo_mini_batch_size=16 rollout.n=8 \\
       rollout.temperature=0.7 algorithm.adv_estimator=grpo actor.optim.lr=1e-4 \\
       actor.optim.lr_warmup_steps=10 actor.policy_loss.loss_mode=clip_cov \\
-      actor.policy_loss.clip_cov_ratio=0.3 model.enable_gradient_checkpointing=false \\
+      actor.policy_loss.clip_cov_ratio=0.1 model.enable_gradient_checkpointing=false \\
       trainer.total_training_steps=150 trainer.test_freq=10 trainer.default_local_dir=runs/grpo
 Stop SFT while greedy validation is well above chance but far from perfect, or RL has nothing
 left to learn; docs/learning.md has the study behind these settings.

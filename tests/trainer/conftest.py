@@ -57,3 +57,17 @@ def _tiny_overrides(root: Path, run_dir: Path, *extra: str) -> list[str]:
         "reward.num_workers=0",
         *extra,
     ]
+
+
+def trainable_state(trainer) -> dict:
+    """``{"actor.<name>" / "critic.<name>": tensor}`` of the trainable parameters, copied as
+    float32 CPU tensors (comparable across devices and dtypes)."""
+    models = {"actor": trainer.parts.actor.model}
+    if trainer.parts.critic is not None:
+        models["critic"] = trainer.parts.critic.model
+    return {
+        f"{prefix}.{name}": p.detach().float().cpu().clone()
+        for prefix, model in models.items()
+        for name, p in model.named_parameters()
+        if p.requires_grad
+    }

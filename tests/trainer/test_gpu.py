@@ -18,6 +18,8 @@ from safetensors.torch import load_file
 from lmrl.config import load_config
 from lmrl.trainer import Trainer, build_run
 
+from .conftest import trainable_state
+
 pytestmark = pytest.mark.gpu
 
 RECIPES = {
@@ -72,18 +74,6 @@ def _trainer(root, run, tiny_overrides, device: str, *extra: str) -> Trainer:
     return Trainer(build_run(cfg), cfg.trainer)
 
 
-def _trainable(trainer: Trainer) -> dict[str, torch.Tensor]:
-    models = {"actor": trainer.parts.actor.model}
-    if trainer.parts.critic is not None:
-        models["critic"] = trainer.parts.critic.model
-    return {
-        f"{prefix}.{name}": p.detach().float().cpu().clone()
-        for prefix, model in models.items()
-        for name, p in model.named_parameters()
-        if p.requires_grad
-    }
-
-
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
 def test_a_run_on_a_gpu_samples_and_trains_as_on_the_cpu(
     tiny_workspace, tiny_overrides, tmp_path, recipe
@@ -94,9 +84,9 @@ def test_a_run_on_a_gpu_samples_and_trains_as_on_the_cpu(
         run = tmp_path / f"run{len(deltas)}"
         trainer = _trainer(tiny_workspace, run, tiny_overrides, device, *extra)
         assert next(trainer.parts.actor.model.parameters()).device.type == device
-        before = _trainable(trainer)
+        before = trainable_state(trainer)
         histories[len(deltas)] = trainer.fit()
-        after = _trainable(trainer)
+        after = trainable_state(trainer)
         deltas[len(deltas)] = {k: after[k] - v for k, v in before.items()}
     for cpu, gpu in zip(histories[0], histories[1], strict=True):
         for key in EXACT:
@@ -136,9 +126,9 @@ def test_auto_dtype_on_a_gpu_trains_in_bfloat16(tiny_workspace, tiny_overrides, 
     )
     params = list(trainer.parts.actor.model.parameters())
     assert {p.dtype for p in params} == {torch.bfloat16} and params[0].is_cuda
-    before = _trainable(trainer)
+    before = trainable_state(trainer)
     history = trainer.fit()
-    after = _trainable(trainer)
+    after = trainable_state(trainer)
     for metrics in history:
         bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
         assert not bad, bad

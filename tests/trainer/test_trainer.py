@@ -19,6 +19,8 @@ from lmrl.models import build_tiny_model
 from lmrl.trainer import Trainer, build_run
 from lmrl.trainer.stages import concat_rollouts
 
+from .conftest import trainable_state
+
 # A reward with spread inside every group, so that every estimator has signal: the share of
 # digits in the response, plus a little for its length.
 REWARD_FILE = """
@@ -132,18 +134,6 @@ RECIPES = {
 
 def make_trainer(cfg) -> Trainer:
     return Trainer(build_run(cfg), cfg.trainer)
-
-
-def trainable_state(trainer: Trainer) -> dict[str, torch.Tensor]:
-    models = {"actor": trainer.parts.actor.model}
-    if trainer.parts.critic is not None:
-        models["critic"] = trainer.parts.critic.model
-    return {
-        f"{prefix}.{name}": p.detach().clone()
-        for prefix, model in models.items()
-        for name, p in model.named_parameters()
-        if p.requires_grad
-    }
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))

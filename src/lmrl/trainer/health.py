@@ -154,7 +154,7 @@ class RunHealth:
             f"the policy's entropy fell from {start:.2f} to {entropy:.2f} nats in "
             f"{self.steps} steps while the mean score stayed at {before:.3f} -> {now:.3f}: it "
             "is sharpening onto what it already does, not learning. Try Clip-Cov "
-            "(actor.policy_loss.loss_mode=clip_cov, actor.policy_loss.clip_cov_ratio=0.3 for "
+            "(actor.policy_loss.loss_mode=clip_cov, actor.policy_loss.clip_cov_ratio=0.1 for "
             "short answers), rollout.temperature=0.7 with a lower actor.optim.lr (1e-4 for a "
             "tiny model), or a larger rollout.n; clip-higher acts only with several updates "
             "per batch (docs/learning.md)",
