@@ -107,6 +107,19 @@ def _clip_bounds(
     return bounds[0], bounds[1]
 
 
+def _log_ratio(x: _Inputs) -> torch.Tensor:
+    """(B, T) ``log_prob - old_log_prob``, clamped to +-20 so that its exp stays finite."""
+    return torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+
+
+def _clip_terms(
+    advantages: torch.Tensor, ratio: torch.Tensor, low: float, high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's two per-token terms ``(-A r, -A clip(r, 1 - low, 1 + high))``; their max is the
+    clipped surrogate, and where the second is larger the clip chose it."""
+    return -advantages * ratio, -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+
+
 def _weighted(pg_losses: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     return pg_losses if weights is None else pg_losses * weights
 
@@ -177,10 +190,8 @@ def vanilla(
     x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
     adv = x.advantages
 
-    log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    pg_losses1 = -adv * ratio
-    pg_losses2 = -adv * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    log_ratio = _log_ratio(x)
+    pg_losses1, pg_losses2 = _clip_terms(adv, torch.exp(log_ratio), low, high)
     clipped = torch.maximum(pg_losses1, pg_losses2)
     pg_losses3 = -adv * clip_ratio_c
     dual_clipped = torch.minimum(clipped, pg_losses3)
@@ -234,8 +245,7 @@ def gspo(
     seq_log_ratio = masked_mean(log_ratio, x.mask, dim=-1)  # (B,)
     log_seq_ratio = x.log_prob - x.log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
     seq_ratio = torch.exp(torch.clamp(log_seq_ratio, max=_GSPO_LOG_RATIO_MAX))
-    pg_losses1 = -x.advantages * seq_ratio
-    pg_losses2 = -x.advantages * torch.clamp(seq_ratio, 1.0 - low, 1.0 + high)
+    pg_losses1, pg_losses2 = _clip_terms(x.advantages, seq_ratio, low, high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
 
     loss = agg_loss(_weighted(pg_losses, x.weights), x.mask, "seq-mean-token-mean", norm)
@@ -340,7 +350,7 @@ def cispo(
     low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
     x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
 
-    log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    log_ratio = _log_ratio(x)
     ratio = torch.exp(log_ratio).detach()
     clipped_ratio = torch.clamp(ratio, 1.0 - low, 1.0 + high)
     pg_losses = -clipped_ratio * x.advantages * x.log_prob
@@ -392,7 +402,7 @@ def sapo(
             raise ValueError(f"{name} must be > 0, got {tau}")
     x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
 
-    log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    log_ratio = _log_ratio(x)
     ratio = torch.exp(log_ratio)
     tau = torch.where(x.advantages > 0, tau_pos, tau_neg).to(ratio.dtype)
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
@@ -464,10 +474,8 @@ def clip_cov(
     low, high = _clip_bounds(clip_ratio, clip_ratio_low, clip_ratio_high)
     x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
 
-    log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-    ratio = torch.exp(log_ratio)
-    pg_losses1 = -x.advantages * ratio
-    pg_losses2 = -x.advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    log_ratio = _log_ratio(x)
+    pg_losses1, pg_losses2 = _clip_terms(x.advantages, torch.exp(log_ratio), low, high)
     clipped = (pg_losses2 > pg_losses1) & x.mask
     cov = _covariance(x)
     eligible = (cov > clip_cov_lb) & (cov < clip_cov_ub) & ~clipped
@@ -526,7 +534,7 @@ def kl_cov(
         raise ValueError(f"ppo_kl_coef must be >= 0, got {ppo_kl_coef}")
     x = _prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
 
-    log_ratio = torch.clamp(x.log_prob - x.old_log_prob, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    log_ratio = _log_ratio(x)
     pg_losses = -x.advantages * torch.exp(log_ratio)
     top = _covariance(x).flatten().topk(int(kl_cov_ratio * int(x.mask.sum()))).indices
     penalized = torch.zeros_like(x.mask).flatten().index_fill_(0, top, True).view_as(x.mask)
