@@ -2,7 +2,7 @@
 
 For each task, a ~2M-parameter Qwen2 (``lmrl.models.tiny``, byte-level tokenizer, built from
 the seed) gets an SFT warm start that stops once greedy exact match on the validation prompts
-reaches ``--sft-acc`` (the demo's procedure, ``lmrl.trainer.demo.run_sft``), and then every
+reaches ``--sft-acc`` (the demo's procedure, ``lmrl.demos.digits.run_sft``), and then every
 variant runs RL from that same warm start for at most ``--steps`` steps (stopping early at
 ``--target`` greedy exact match). A variant is the demo's GRPO recipe with a few ``lmrl
 train`` overrides (``VARIANTS``); ``{task}`` in an override is replaced by the task's name.
@@ -132,8 +132,8 @@ def _mean(rows: list[dict], key: str, which: slice) -> float | None:
 
 def prepare(task: str, seed: int, work: Path, sft_acc: float, num_train: int) -> dict:
     """Model, data and the SFT warm start of ``task`` at ``seed`` (reused when present)."""
+    from lmrl.demos.digits import run_sft, write_task_data
     from lmrl.models.tiny import build_tiny_model
-    from lmrl.trainer.demo import run_sft, write_task_data
 
     base = work / f"{task}-s{seed}"
     summary = base / "sft.json"
@@ -141,7 +141,7 @@ def prepare(task: str, seed: int, work: Path, sft_acc: float, num_train: int) ->
         return json.loads(summary.read_text())
     model = build_tiny_model(base / "model", arch="qwen2", size="small", seed=seed)
     from lmrl.data import TASKS
-    from lmrl.trainer.demo import warm_start_options
+    from lmrl.demos.digits import warm_start_options
 
     num_train = min(num_train, TASKS[task].num_train)  # add has fewer distinct prompts
     data = write_task_data(
@@ -163,14 +163,14 @@ def prepare(task: str, seed: int, work: Path, sft_acc: float, num_train: int) ->
 
 
 def run_variant(task, seed, variant, prep, work: Path, steps: int, target: float) -> dict:
-    from lmrl.trainer.demo import run_rl
+    from lmrl.demos.digits import run_rl
 
     overrides = [o.replace("{task}", task) for o in variant_overrides(variant)]
     rl = run_rl(
         Path(prep["model"]), {k: Path(v) for k, v in prep["data"].items()},
         work / f"{task}-s{seed}" / variant, seed=seed, steps=steps, lr=3e-4,
         prompts_per_step=16, n=8, max_response_length=8, test_freq=10, target_acc=target,
-        console=False, warmup_steps=10, overrides=overrides, task=task, save=False,
+        console=False, warmup_steps=10, overrides=overrides, task=task,
     )  # fmt: skip
     hist = rl["history"]
     accs = [h[f"val/{task}/acc"] for h in hist if f"val/{task}/acc" in h]
@@ -192,8 +192,8 @@ def run_trl(task, seed, variant, prep, work: Path, steps: int, target: float) ->
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from lmrl.demos.digits import GreedyAccuracy
     from lmrl.rewards.scorers import BuiltinScorer
-    from lmrl.trainer.demo import GreedyAccuracy
 
     settings = _trl_settings(task, variant)
     scorer = BuiltinScorer({task: {"binary": True}} if settings["binary"] else None)

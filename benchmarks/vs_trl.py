@@ -121,7 +121,7 @@ def prepare(work: Path, sizes: list[str], seed: int = 0) -> None:
     """
     import shutil
 
-    from lmrl.trainer.demo import run_sft, write_demo_data
+    from lmrl.demos.digits import run_sft, write_demo_data
 
     data = {"train": work / "data" / "train.parquet", "test": work / "data" / "test.parquet",
             "sft": work / "data" / "sft.parquet"}  # fmt: skip

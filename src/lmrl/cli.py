@@ -74,49 +74,46 @@ def _tasks(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    import logging
-
     from lmrl.config import format_help, load_config
 
-    if args.help:
-        print(TRAIN_USAGE)
-        print(format_help())
-        return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    cfg = load_config(args.config, args.overrides)  # every config error before any model loads
-    from lmrl.trainer import Trainer, build_run
+    def build(cfg):
+        from lmrl.trainer import Trainer, build_run
 
-    trainer = Trainer(build_run(cfg), cfg.trainer)
-    trainer.fit()
-    print(f"run directory: {trainer.run_dir}")
-    return trainer.exit_code
+        return Trainer(build_run(cfg), cfg.trainer)
+
+    return _config_command(args, TRAIN_USAGE, format_help, load_config, build)
 
 
-def _config_command(args: argparse.Namespace, usage: str, format_help, load, run) -> int:
-    """A command that runs one config (``lmrl sft``, ``lmrl train-flow``): ``--help`` prints
-    ``usage`` and the keys; otherwise every config error comes before any model loads, then
-    ``run(cfg)`` returns what to print."""
+def _config_command(args: argparse.Namespace, usage: str, format_help, load, build) -> int:
+    """A command that runs one program on the run loop (``lmrl train``, ``lmrl sft``,
+    ``lmrl train-flow``): ``--help`` prints ``usage`` and the keys; otherwise every config
+    error comes before any model loads, then ``build(cfg)`` makes the program, which runs to
+    its end; the exit code is 130/143 when a signal stopped it (saved, resumable)."""
     import logging
+
+    from lmrl.logging.configure import configure_logging
 
     if args.help:
         print(usage)
         print(format_help())
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO)
     cfg = load(args.config, args.overrides)
-    print(run(cfg))
-    return 0
+    program = build(cfg)
+    program.fit()
+    print(f"run directory: {program.run_dir}")
+    if program.exit_code == 0 and (program.run_dir / "final").is_dir():
+        print(f"model: {program.run_dir / 'final'}")
+    return program.exit_code
 
 
 def _sft(args: argparse.Namespace) -> int:
     from lmrl.config.sft import format_sft_help, load_sft_config
 
-    def run(cfg) -> str:
-        from lmrl.trainer.sft import SFTTrainer
+    def build(cfg):
+        from lmrl.trainer.sft import SFTTrainer, build_sft
 
-        trainer = SFTTrainer(cfg)
-        trainer.fit()
-        return f"run directory: {trainer.run_dir}\nmodel: {trainer.final_dir}"
+        return SFTTrainer(build_sft(cfg))
 
     usage = (
         "usage: lmrl sft [--config FILE.yaml] key=value ...\n\n"
@@ -124,18 +121,16 @@ def _sft(args: argparse.Namespace) -> int:
         "RUN_DIR/final is a\nmodel path for `lmrl train model.path=...`. The keys, their "
         "defaults and docs follow.\n"
     )
-    return _config_command(args, usage, format_sft_help, load_sft_config, run)
+    return _config_command(args, usage, format_sft_help, load_sft_config, build)
 
 
 def _train_flow(args: argparse.Namespace) -> int:
     from lmrl.config.flow import format_flow_help, load_flow_config
 
-    def run(cfg) -> str:
-        from lmrl.trainer.flow import FlowTrainer
+    def build(cfg):
+        from lmrl.trainer.flow import FlowTrainer, build_flow
 
-        trainer = FlowTrainer(cfg)
-        trainer.fit()
-        return f"run directory: {trainer.run_dir}"
+        return FlowTrainer(build_flow(cfg))
 
     usage = (
         "usage: lmrl train-flow [--config FILE.yaml] key=value ...\n\n"
@@ -143,13 +138,15 @@ def _train_flow(args: argparse.Namespace) -> int:
         "`lmrl pretrain-flow`\nor `lmrl demo --task flow`; data: `lmrl tasks shapes`). "
         "The keys, their defaults and docs follow.\n"
     )
-    return _config_command(args, usage, format_flow_help, load_flow_config, run)
+    return _config_command(args, usage, format_flow_help, load_flow_config, build)
 
 
 def _pretrain_flow(args: argparse.Namespace) -> int:
     import logging
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from lmrl.logging.configure import configure_logging
+
+    configure_logging(logging.INFO)
     if not args.images.is_file():
         raise LmrlError(
             f"{args.images}: no such file (write one with `lmrl tasks shapes --out DIR`: "
@@ -178,9 +175,11 @@ def _plot(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     import logging
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from lmrl.logging.configure import configure_logging
+
+    configure_logging(logging.WARNING)
     if args.task == "flow":
-        from lmrl.trainer.demo_flow import run_flow_demo
+        from lmrl.demos.flow import run_flow_demo
 
         if args.no_tool:
             raise LmrlError("--no-tool is for --task search (the flow demo uses no tool)")
@@ -188,12 +187,12 @@ def _demo(args: argparse.Namespace) -> int:
                       seed=args.seed, fast=args.fast)  # fmt: skip
         return 0
     if args.task == "search":
-        from lmrl.trainer.demo_search import run_search_demo
+        from lmrl.demos.search import run_search_demo
 
         out = args.out if args.out is not None else Path("lmrl-demo-search")
         run_search_demo(out, seed=args.seed, fast=args.fast, search=not args.no_tool)
         return 0
-    from lmrl.trainer.demo import run_demo
+    from lmrl.demos.digits import run_demo
 
     if args.no_tool:
         raise LmrlError("--no-tool is for --task search (the digits demo uses no tool)")
@@ -208,9 +207,10 @@ def _eval(args: argparse.Namespace) -> int:
 
     from lmrl.config import load_config
     from lmrl.errors import CheckpointError
+    from lmrl.logging.configure import configure_logging
     from lmrl.trainer.checkpoint import latest_checkpoint
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(logging.INFO)
     path = args.path
     checkpoint = latest_checkpoint(path) if (path / "config.yaml").exists() else path
     if checkpoint is None or not (checkpoint.parent / "config.yaml").exists():
@@ -362,9 +362,11 @@ def main(argv: list[str] | None = None) -> int:
     except LmrlError as err:
         print(f"lmrl {args.command}: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # before the run loop took the signals, or a second one
+        from lmrl.trainer.signals import StopNow
+
         print(f"lmrl {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return err.exit_code if isinstance(err, StopNow) else 130
 
 
 if __name__ == "__main__":

@@ -164,12 +164,12 @@ CASES = [
         ["rollout.correction.threshold_lower=3.0 must be in [0, rollout.correction.threshold=2.0]"],
     ),
     (
-        ["rollout.name=vllm", "rollout.gpu_memory_utilization=1.5"],
-        ["rollout.gpu_memory_utilization=1.5 must be in (0, 1]"],
+        ["rollout.name=vllm", "rollout.vllm.gpu_memory_utilization=1.5"],
+        ["rollout.vllm.gpu_memory_utilization=1.5 must be in (0, 1]"],
     ),
     (
-        ["rollout.name=vllm", "rollout.max_model_len=16"],
-        ["rollout.max_model_len=16 is shorter than"],
+        ["rollout.name=vllm", "rollout.vllm.max_model_len=16"],
+        ["rollout.vllm.max_model_len=16 is shorter than"],
     ),
 ]
 
@@ -263,9 +263,9 @@ def test_registry_checks_use_the_registries(monkeypatch):
             "ref.log_prob_micro_batch_size",
         ),
         (
-            ["critic.ppo_micro_batch_size=0", "algorithm.adv_estimator=gae"],
-            "critic.ppo_micro_batch_size=0",
-            "critic.forward_micro_batch_size",
+            ["actor.ppo_mini_batch_size=0", "algorithm.adv_estimator=gae"],
+            "actor.ppo_mini_batch_size=0",
+            "critic.ppo_mini_batch_size",
         ),
     ],
 )

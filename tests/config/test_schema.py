@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from lmrl.config import Config, format_help, load_config, resolve_config
+from lmrl.config import Config, format_help, load_config, resolve_config, validate_config
 from lmrl.config.fields import get_path, leaf_paths, schema
 
 
@@ -73,7 +73,6 @@ def test_resolve_fills_same_as_defaults_without_mutating():
     assert cfg.critic.enable is None and cfg.critic.model.path is None  # input untouched
     assert out.critic.enable is True  # gae needs values
     assert out.critic.model.path == "/models/tiny"
-    assert out.critic.model.enable_gradient_checkpointing is True
     assert (out.critic.ppo_mini_batch_size, out.critic.ppo_epochs) == (32, 3)
     assert out.critic.loss_agg_mode == "token-mean" and out.critic.shuffle is False
     assert out.ref.log_prob_micro_batch_size == 8
@@ -90,7 +89,8 @@ def test_resolve_converts_types_and_expands_home(monkeypatch):
     cfg.model.path = "~/models/m"
     cfg.data.train_files = ["~/a.parquet", "/b.parquet"]
     cfg.algorithm.adv_estimator = "grpo_vectorized"  # an alias of grpo
-    out = resolve_config(cfg)
+    cfg.rollout.n = 2
+    out = validate_config(cfg)  # converted by the loader, the one place that converts
     assert out.actor.clip_ratio == 0.3
     assert out.model.path == "/home/someone/models/m"
     assert out.data.train_files == ["/home/someone/a.parquet", "/b.parquet"]

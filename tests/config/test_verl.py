@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import textwrap
 
@@ -41,13 +42,24 @@ def test_every_rule_of_the_table_lands_on_a_schema_key(target, root):
             continue
         if rule.ours.endswith(".*"):
             section = rule.ours[:-2]
+            if spec[section].items is not None:  # the options of one mapping key
+                name = dataclasses.fields(spec[section].items)[0].name
+                assert tr(rule.verl[:-1] + name, 1).path == f"{section}.{name}", rule
+                continue
             assert spec[section].section, rule
             leaf = next(p for p in spec if p.startswith(section + ".") and not spec[p].section)
             verl_key = rule.verl[:-1] + leaf[len(section) + 1 :]
             assert tr(verl_key, 1).path == leaf, rule
         else:
-            assert tr(rule.verl, "x").path in spec, rule
-            assert not spec[tr(rule.verl, "x").path].section, rule
+            accepted = [v for v in ("x", "http://x") if not rule.accepts or not rule.accepts(v)]
+            value = True if rule.flag else accepted[0]
+            path = tr(rule.verl, value).path
+            holder, name = path.rsplit(".", 1)
+            if path not in spec:  # one option of a mapping key (rollout.vllm.enforce_eager)
+                assert spec[holder].items is not None, rule
+                assert name in {f.name for f in dataclasses.fields(spec[holder].items)}, rule
+            else:
+                assert not spec[path].section, rule
 
 
 def test_the_table_is_one_for_every_schema():
@@ -176,14 +188,7 @@ TRANSLATIONS = [
         16,
     ),
     ("critic.model.path", "/m/critic", "critic.model.path", "/m/critic"),
-    (
-        "critic.model.enable_gradient_checkpointing",
-        "false",
-        "critic.model.enable_gradient_checkpointing",
-        False,
-    ),
     ("critic.ppo_micro_batch_size_per_gpu", "4", "critic.ppo_micro_batch_size", 4),
-    ("critic.forward_micro_batch_size_per_gpu", "8", "critic.forward_micro_batch_size", 8),
     ("critic.optim.lr", "5e-6", "critic.optim.lr", 5e-6),
     ("critic.optim.warmup_style", "cosine", "critic.optim.lr_scheduler", "cosine"),
     ("critic.cliprange_value", "0.2", "critic.cliprange_value", 0.2),
@@ -355,8 +360,7 @@ def test_strategy_and_offload_keys_map_to_the_ray_workers():
         "critic.model.fsdp_config.param_offload=True",
     ])  # fmt: skip
     assert cfg.actor.strategy == "fsdp" and cfg.critic.strategy == "fsdp2"
-    assert cfg.actor.fsdp_config.param_offload and cfg.actor.fsdp_config.optimizer_offload
-    assert cfg.critic.fsdp_config.param_offload and not cfg.critic.fsdp_config.optimizer_offload
+    assert (cfg.actor.offload, cfg.critic.offload) == ("both", "params")
 
 
 def test_vllm_engine_keys_map_to_the_rollout_section():
@@ -369,10 +373,26 @@ def test_vllm_engine_keys_map_to_the_rollout_section():
         "actor_rollout_ref.rollout.max_model_len=4096",
         "actor_rollout_ref.rollout.dtype=bfloat16",
     ])  # fmt: skip
-    r = cfg.rollout
-    assert (r.tensor_model_parallel_size, r.gpu_memory_utilization) == (2, 0.6)
-    assert (r.enforce_eager, r.free_cache_engine) == (False, False)
-    assert (r.max_num_batched_tokens, r.max_model_len, r.dtype) == (8192, 4096, "bfloat16")
+    assert cfg.rollout.vllm == {
+        "gpu_memory_utilization": 0.6, "tensor_model_parallel_size": 2,
+        "max_num_batched_tokens": 8192, "max_model_len": 4096, "enforce_eager": False,
+        "free_cache_engine": False, "dtype": "bfloat16",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("override", "applies"),
+    [
+        ("critic.model.enable_gradient_checkpointing=False", "model.enable_gradient_checkpointing"),
+        ("critic.forward_micro_batch_size_per_gpu=8", "critic.ppo_micro_batch_size"),
+        ("critic.forward_micro_batch_size=8", "critic.ppo_micro_batch_size"),
+    ],
+)
+def test_verl_keys_folded_into_another_give_a_notice_naming_it(override, applies):
+    notices: list[str] = []
+    assert load_config(None, [*BASE, override], notices=notices) == load_config(None, BASE)
+    (notice,) = notices
+    assert notice.startswith(override.split("=")[0]) and applies in notice
 
 
 def test_gpu_only_keys_give_one_notice_each_and_change_nothing():
@@ -504,7 +524,7 @@ def test_verl_layout_yaml_file(tmp_path):
     assert cfg.algorithm.filter_groups.metric == "acc"
     assert cfg.trainer.logger == ["console", "tensorboard"]
     assert cfg.trainer.max_ckpt_to_keep == 3 and cfg.resources.n_gpus_per_node == 1
-    assert cfg.actor.strategy == "fsdp" and cfg.actor.fsdp_config.param_offload is False
+    assert cfg.actor.strategy == "fsdp" and cfg.actor.offload == "none"
     assert cfg.actor.policy_loss.clip_cov_ratio == 0.0002  # clip_cov's, carried over
     noticed = {n.split("=")[0] for n in notices}
     assert {

@@ -69,8 +69,8 @@ def warm_starts(tmp_path_factory):
     def get(task: str):
         if task not in cache:
             from lmrl.data import TASKS as SPECS
+            from lmrl.demos.digits import run_sft, warm_start_options, write_task_data
             from lmrl.models.tiny import build_tiny_model
-            from lmrl.trainer.demo import run_sft, warm_start_options, write_task_data
 
             model = build_tiny_model(root / task / "model", arch="qwen2", size="small", seed=0)
             data = write_task_data(
@@ -119,14 +119,14 @@ def format_table(rows: list[dict]) -> str:
      for t in TASKS for a in ALGOS],
 )  # fmt: skip
 def test_learns(task, algo, warm_starts, tmp_path):
-    from lmrl.trainer.demo import run_rl
+    from lmrl.demos.digits import run_rl
 
     model, data, sft_acc = warm_starts(task)
     assert sft_acc <= 0.5, f"{task}: the warm start is already at {sft_acc:.3f}"
     rl = run_rl(
         model, data, tmp_path / "rl", seed=0, steps=STEPS[task], lr=LR, prompts_per_step=16, n=8,
         max_response_length=8, test_freq=10, target_acc=sft_acc + MARGIN, console=False,
-        warmup_steps=10, overrides=[*RECIPE, *TASK_OVERRIDES.get(task, []), *ALGOS[algo]], task=task, save=False,
+        warmup_steps=10, overrides=[*RECIPE, *TASK_OVERRIDES.get(task, []), *ALGOS[algo]], task=task,
     )  # fmt: skip
     ROWS.append({"task": task, "algo": algo, "before": rl["acc_before"], "after": rl["acc"],
                  "steps": rl["steps"], "seconds": rl["seconds"]})  # fmt: skip

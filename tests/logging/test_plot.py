@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from lmrl.cli import main
 from lmrl.errors import DataError
@@ -15,6 +16,10 @@ from lmrl.logging.plot import DPI, FIGSIZE, draw_run, ema, load_metrics, plot_ru
 
 RECORDED = Path(__file__).parent / "data" / "grpo_digits"  # 15 steps of `lmrl train`, GRPO
 PANELS = ["Reward", "Validation", "Response length", "KL", "Entropy", "Clip fraction"]
+# a run with one on-policy update per batch and no KL term: KL and the clip fraction are 0 by
+# construction, so their panels show the gradient norm and the time per step instead
+FALLBACK_PANELS = ["Reward", "Validation", "Response length", "Gradient norm", "Entropy",
+                   "Time per step"]  # fmt: skip
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -23,6 +28,28 @@ def png_size(path: Path) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert data[12:16] == b"IHDR"
     return struct.unpack(">II", data[16:24])
+
+
+def assert_text_fits(fig) -> None:
+    """Every title, legend and written note lies inside the figure, every legend and note
+    inside its own panel."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # the layout runs at draw time
+    renderer = canvas.get_renderer()
+    page = fig.bbox
+    for ax in fig.axes:
+        box = ax.get_window_extent(renderer)
+        texts = [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        for artist in texts + ([ax.get_legend()] if ax.get_legend() else []):
+            if not artist.get_visible() or not getattr(artist, "get_text", lambda: "x")():
+                continue
+            extent = artist.get_window_extent(renderer)
+            assert page.x0 - 1 <= extent.x0 and extent.x1 <= page.x1 + 1, (ax.get_title(), artist)
+            assert page.y0 - 1 <= extent.y0 and extent.y1 <= page.y1 + 1, (ax.get_title(), artist)
+        for artist in ax.texts + ([ax.get_legend()] if ax.get_legend() else []):
+            extent = artist.get_window_extent(renderer)
+            assert box.x0 <= extent.x0 and extent.x1 <= box.x1, (ax.get_title(), artist)
+            assert box.y0 <= extent.y0 and extent.y1 <= box.y1, (ax.get_title(), artist)
 
 
 def no_data_panels(fig) -> list[str]:
@@ -41,8 +68,9 @@ def test_plot_command_on_a_recorded_run(tmp_path, capsys):
     assert png_size(out) == (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))
 
     fig = draw_run(load_metrics(run_dir / "metrics.jsonl"))
-    assert [ax.get_title() for ax in fig.axes[:6]] == PANELS
+    assert [ax.get_title() for ax in fig.axes[:6]] == FALLBACK_PANELS  # ppo_epochs=1, no KL
     assert no_data_panels(fig) == ["Validation"]  # validation is not in this recording
+    assert_text_fits(fig)
 
 
 def test_plot_synthetic_run_with_validation_and_smoothing(synthetic_run, tmp_path):
@@ -50,7 +78,9 @@ def test_plot_synthetic_run_with_validation_and_smoothing(synthetic_run, tmp_pat
     assert out == tmp_path / "img" / "curves.png"
     assert png_size(out) == (1320, 880)
     fig = draw_run(load_metrics(synthetic_run / "metrics.jsonl"))
+    assert [ax.get_title() for ax in fig.axes[:6]] == PANELS  # KL and clipping to show
     assert no_data_panels(fig) == []
+    assert_text_fits(fig)
     val_ax = fig.axes[1]
     assert [line.get_label() for line in val_ax.get_lines()] == [
         "digits acc", "digits mean@4", "digits pass@4"
@@ -116,10 +146,11 @@ def test_one_on_policy_update_panels_say_zero_by_construction():
         "actor/entropy": (steps, np.array([3.6, 1.0, 0.1])),
         "critic/score/zero_spread_frac": (steps, np.array([0.2, 0.6, 0.9])),
     }
-    fig = draw_run(series)
+    fig = draw_run(series)  # no gradient norm or step time to show instead: the panels say why
     notes = {ax.get_title(): [t.get_text() for t in ax.texts] for ax in fig.axes}
     assert any("0 by construction" in t for t in notes["KL"])
     assert any("0 by construction" in t for t in notes["Clip fraction"])
+    assert_text_fits(fig)
     labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
     assert "ppo_kl (old -> new policy)" not in labels and "pg_clipfrac" not in labels
     assert "groups scored all alike (right axis)" in labels and "actor entropy" in labels
@@ -154,3 +185,50 @@ def test_an_image_run_gets_its_own_panels():
             "val shapes reward"} <= labels  # fmt: skip
     notes = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert "no data" not in notes  # no empty text-model panel
+
+
+def legend_titles(fig) -> dict[str, str]:
+    return {
+        ax.get_title(): ax.get_legend().get_title().get_text().replace("\n", " ")
+        for ax in fig.axes if ax.get_legend() is not None
+    }  # fmt: skip
+
+
+def test_one_on_policy_update_shows_gradient_norm_and_step_time_instead():
+    steps = np.array([1.0, 2.0, 3.0])
+    series = {
+        "actor/old_log_prob_recomputed": (steps, np.zeros(3)),
+        "actor/ppo_kl": (steps, np.zeros(3)),
+        "actor/pg_clipfrac": (steps, np.zeros(3)),
+        "actor/pg_clipfrac_lower": (steps, np.zeros(3)),
+        "actor/grad_norm": (steps, np.array([0.5, 0.3, 0.4])),
+        "timing_s/step": (steps, np.array([1.2, 1.1, 1.3])),
+        "timing_s/gen": (steps, np.array([0.7, 0.6, 0.8])),
+        "actor/entropy": (steps, np.array([3.6, 1.0, 0.1])),
+    }
+    fig = draw_run(series)
+    assert [ax.get_title() for ax in fig.axes[:6]] == FALLBACK_PANELS
+    lines = {ax.get_title(): [line.get_label() for line in ax.get_lines()] for ax in fig.axes}
+    assert lines["Gradient norm"] == ["actor gradient norm"]
+    assert lines["Time per step"] == ["step", "generation"]
+    notes = legend_titles(fig)
+    assert (
+        notes["Gradient norm"] == "instead of KL (ppo_kl: 0 by construction; no KL loss or penalty)"
+    )
+    assert notes["Time per step"] == "instead of the clip fraction (0 by construction)"
+    assert_text_fits(fig)
+
+    # several updates a batch, yet nothing clipped and no KL term: flat zeros all the same
+    series["actor/old_log_prob_recomputed"] = (steps, np.ones(3))
+    notes = legend_titles(draw_run(series))
+    assert notes["Gradient norm"] == "instead of KL (ppo_kl: 0; no KL loss or penalty)"
+    assert notes["Time per step"] == "instead of the clip fraction (nothing clipped)"
+
+    # a KL loss and some clipping: the KL and clip-fraction panels are back
+    series["actor/kl_loss"] = (steps, np.array([0.0, 0.01, 0.02]))
+    series["actor/pg_clipfrac"] = (steps, np.array([0.0, 0.05, 0.02]))
+    fig = draw_run(series)
+    assert [ax.get_title() for ax in fig.axes[:6]] == PANELS
+    labels = {line.get_label() for ax in fig.axes for line in ax.get_lines()}
+    assert {"kl_loss (policy || ref)", "ppo_kl (old -> new policy)", "pg_clipfrac"} <= labels
+    assert "actor gradient norm" not in labels and "step" not in labels

@@ -270,7 +270,7 @@ def _update(model, batch, n):
         model, cfg, rollout_n=n, max_response_length=batch["responses"].shape[1],
         temperature=1.0, log_prob_micro_batch_size=None, total_steps=1,
     )  # fmt: skip
-    actor.update_policy(batch)
+    actor.update_actor(batch)
     return [p.detach().clone() for p in model.parameters()]
 
 

@@ -30,6 +30,18 @@ def _train_subprocess(
     return subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.fixture(scope="session")
+def flow_workspace(tmp_path_factory):
+    """The shapes task (64 images) and a tiny image model pre-trained for 3 steps."""
+    from lmrl.data.tasks import write_task
+    from lmrl.flow.matching import pretrain_image_flow
+
+    root = tmp_path_factory.mktemp("flow")
+    paths = write_task("shapes", root / "data", seed=0, num_images=64)
+    pretrain_image_flow(paths["images"], root / "model", steps=3, block_out_channels=(8, 16))
+    return root
+
+
 @pytest.fixture(scope="module")
 def tiny_overrides():
     """``tiny_overrides(root, run_dir, *extra)``: the key=value list of a tiny run."""

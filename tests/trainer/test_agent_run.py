@@ -37,7 +37,7 @@ def agent_args(root: Path, run: str, *extra: str) -> list[str]:
         "algorithm.adv_estimator=grpo", "actor.use_kl_loss=true",
         "rollout.multi_turn.enable=true", "rollout.multi_turn.max_turns=2",
         "rollout.multi_turn.max_obs_length=40",
-        f"retriever.corpus={root / 'data' / 'corpus.parquet'}", "retriever.topk=1",
+        f"retriever.source={root / 'data' / 'corpus.parquet'}", "retriever.topk=1",
         "model.enable_gradient_checkpointing=false", "trainer.device=cpu",
         f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.logger=[]",
         f"trainer.default_local_dir={root / run}", "reward.num_workers=0",
@@ -51,7 +51,7 @@ def one_step(root: Path, run_dir: Path, *extra: str):
     cfg.trainer.default_local_dir = str(run_dir)
     trainer = Trainer(build_run(cfg), cfg.trainer)
     try:
-        trainer.start()
+        trainer.start.begin(trainer.global_step)  # config.yaml, as the run loop writes it
         return trainer, trainer.step()
     finally:
         trainer.close()
@@ -138,10 +138,13 @@ def test_a_multi_turn_run_killed_mid_step_resumes_bitwise_exact(
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["retriever.corpus=null"], "exactly one of retriever.corpus"),
-        (["retriever.corpus=/nowhere/corpus.parquet"], "retriever.corpus=/nowhere"),
+        (["retriever.source=null"], "the search tool needs retriever.source"),
+        (["retriever.source=/nowhere/corpus.parquet"], "retriever.source=/nowhere"),
         (["rollout.multi_turn.tools=[]"], "with no tools"),
-        (["rollout.multi_turn.tools=[search,nope]"], "unknown tool 'nope'"),
+        (
+            ["rollout.multi_turn.tools=[search,nope]"],
+            "rollout.multi_turn.tools='nope' is not a built-in tool",
+        ),
         (["rollout.multi_turn.tool_path=/nowhere/tools.py"], "tool_path=/nowhere"),
         (["rollout.multi_turn.max_turns=-1"], "max_turns=-1"),
         (["rollout.multi_turn.format=xml"], "rollout.multi_turn.format"),
@@ -255,7 +258,7 @@ def test_search_r1_command_line_runs_as_written(tmp_path, capsys, monkeypatch, s
         args = search_r1_command_line(tmp_path, url)
         cfg = load_config(None, args)
         assert cfg.rollout.n == 5 and cfg.actor.state_masking and cfg.rollout.multi_turn.enable
-        assert (cfg.retriever.url, cfg.retriever.topk) == (url, 3)
+        assert (cfg.retriever.source, cfg.retriever.topk) == (url, 3)
         assert (cfg.rollout.multi_turn.max_turns, cfg.rollout.multi_turn.max_obs_length) == (2, 32)
         assert cfg.actor.kl_loss_type == "low_var_kl"
         code = cli_main(["train", *args])

@@ -136,7 +136,7 @@ def test_resume_from_a_missing_path_says_it_does_not_exist(
 
 def test_a_failed_periodic_save_is_logged_and_the_run_finishes(tiny_workspace, tiny_overrides, tmp_path,
                                                                monkeypatch, caplog):  # fmt: skip
-    from lmrl.trainer import trainer as trainer_module
+    from lmrl.trainer import loop as trainer_module  # the run loop saves
 
     real_save = trainer_module.save_checkpoint
     calls = []
@@ -158,7 +158,7 @@ def test_a_failed_periodic_save_is_logged_and_the_run_finishes(tiny_workspace, t
 
 def test_a_failed_final_save_ends_the_run_with_one_line(tiny_workspace, tiny_overrides, tmp_path, monkeypatch,
                                                         capsys):  # fmt: skip
-    from lmrl.trainer import trainer as trainer_module
+    from lmrl.trainer import loop as trainer_module  # the run loop saves
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")

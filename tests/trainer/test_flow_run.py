@@ -13,19 +13,12 @@ from safetensors.torch import load_file
 from lmrl.cli import main as cli_main
 from lmrl.config.flow import load_flow_config
 from lmrl.errors import CheckpointError
-from lmrl.trainer.flow import FlowTrainer
+from lmrl.trainer.flow import FlowTrainer, build_flow
 
 
-@pytest.fixture(scope="module")
-def flow_workspace(tmp_path_factory):
-    """The shapes task (64 images) and a tiny image model pre-trained for 3 steps."""
-    from lmrl.data.tasks import write_task
-    from lmrl.flow.matching import pretrain_image_flow
-
-    root = tmp_path_factory.mktemp("flow")
-    paths = write_task("shapes", root / "data", seed=0, num_images=64)
-    pretrain_image_flow(paths["images"], root / "model", steps=3, block_out_channels=(8, 16))
-    return root
+def flow_trainer(args) -> FlowTrainer:
+    """``lmrl train-flow``'s program for these arguments (built, not run)."""
+    return FlowTrainer(build_flow(load_flow_config(None, args)))
 
 
 def _args(root, run, *extra):
@@ -48,11 +41,11 @@ def test_a_flow_run_trains_validates_checkpoints_and_plots(flow_workspace, tmp_p
     run = tmp_path / "run"
     extra = ("actor.beta=0.1", "actor.recompute_old_log_probs=true",
              "trainer.val_images_per_prompt=2")  # fmt: skip
-    trainer = FlowTrainer(load_flow_config(None, _args(flow_workspace, run, *extra)))
+    trainer = flow_trainer(_args(flow_workspace, run, *extra))
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    result = trainer.fit()
-    assert trainer.global_step == 4 and len(result["history"]) == 4
-    assert sorted(result["val"]) == [0, 2, 4]
+    history = trainer.fit()
+    assert trainer.global_step == 4 and len(history) == 4
+    assert sorted(trainer.validations) == [0, 2, 4]
     after = trainer.model.state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     lines = [json.loads(line) for line in (run / "metrics.jsonl").open()]
@@ -82,13 +75,13 @@ def test_a_flow_run_trains_validates_checkpoints_and_plots(flow_workspace, tmp_p
 
 @pytest.mark.parametrize("extra", [(), ("actor.ema=true", "actor.ema_every=1")])
 def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, tmp_path, extra):
-    whole = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "whole", *extra)))
+    whole = flow_trainer(_args(flow_workspace, tmp_path / "whole", *extra))
     whole.fit()
 
     class Stop(Exception):
         pass
 
-    cut = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "cut", *extra)))
+    cut = flow_trainer(_args(flow_workspace, tmp_path / "cut", *extra))
     step = cut.step
 
     def step_then_die():
@@ -99,7 +92,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, 
     cut.step = step_then_die
     with pytest.raises(Stop):
         cut.fit()
-    resumed = FlowTrainer(load_flow_config(None, _args(flow_workspace, tmp_path / "cut", *extra)))
+    resumed = flow_trainer(_args(flow_workspace, tmp_path / "cut", *extra))
     assert resumed.global_step == 2
     resumed.fit()
     expected = load_file(tmp_path / "whole" / "global_step_4" / "model.safetensors")
@@ -117,7 +110,7 @@ def test_validation_samples_with_the_weights_average(flow_workspace, tmp_path, m
     run = tmp_path / "run"
     args = _args(flow_workspace, run, "actor.ema=true", "actor.ema_every=1",
                  "trainer.total_training_steps=2")  # fmt: skip
-    trainer = FlowTrainer(load_flow_config(None, args))
+    trainer = flow_trainer(args)
     trainer.fit()
     entered = []
     applied = trainer.ema.applied
@@ -135,11 +128,11 @@ def test_validation_samples_with_the_weights_average(flow_workspace, tmp_path, m
     assert all(torch.equal(a, b) for a, b in zip(entered[0], live, strict=True))
     # a run with EMA cannot resume a checkpoint written without one
     plain = tmp_path / "plain"
-    FlowTrainer(
-        load_flow_config(None, _args(flow_workspace, plain, "trainer.total_training_steps=2"))
-    ).fit()
+    flow_trainer(_args(flow_workspace, plain, "trainer.total_training_steps=2")).fit()
     with pytest.raises(CheckpointError, match="holds no EMA"):
-        FlowTrainer(load_flow_config(None, _args(flow_workspace, plain, "actor.ema=true")))
+        flow_trainer(
+            _args(flow_workspace, plain, "actor.ema=true", "trainer.allow_config_change=true")
+        )
 
 
 @pytest.mark.parametrize(
@@ -149,7 +142,7 @@ def test_validation_samples_with_the_weights_average(flow_workspace, tmp_path, m
         (["actor.ppo_mini_batch_size=3"], "must divide the images of a step"),
         (["sampler.sde_start=9"], "sampler.sde_start=9"),
         (["actor.ema_decay=1.0"], "actor.ema_decay=1.0 must be in [0, 1)"),
-        (["reward.name=pickscore"], "unknown image reward 'pickscore'"),
+        (["reward.name=pickscore"], "reward.name='pickscore' is not a built-in image reward"),
         (["model.path=/nowhere"], "model.path=/nowhere is not an image flow model"),
         (["data.train_files=/nowhere.parquet"], "cannot read prompt file /nowhere.parquet"),
         (["data.train_batch_size=61"], "more than the 60 prompts"),
@@ -173,18 +166,18 @@ def test_a_flow_run_on_a_gpu_checkpoints_what_a_cpu_run_resumes(flow_workspace, 
     extra = ("trainer.total_training_steps=2", "actor.beta=0.1", "actor.ema=true",
              "actor.ema_every=1", "actor.recompute_old_log_probs=true",
              "trainer.device=cuda")  # fmt: skip
-    gpu = FlowTrainer(load_flow_config(None, _args(flow_workspace, run, *extra)))
+    gpu = flow_trainer(_args(flow_workspace, run, *extra))
     assert next(gpu.model.parameters()).is_cuda
-    result = gpu.fit()
-    assert all(torch.isfinite(torch.tensor(v)) for h in result["history"] for v in h.values())
-    assert sorted(result["val"]) == [0, 2]
+    history = gpu.fit()
+    assert all(torch.isfinite(torch.tensor(v)) for h in history for v in h.values())
+    assert sorted(gpu.validations) == [0, 2]
     saved = load_file(run / "global_step_2" / "model.safetensors")
     for key, value in gpu.model.state_dict().items():
         assert torch.equal(saved[key], value.cpu()), key
     # the GPU run's checkpoint resumes on the CPU (its weights' average too) and trains on
     more = ("trainer.total_training_steps=3", "actor.beta=0.1", "actor.ema=true",
             "actor.ema_every=1")  # fmt: skip
-    cpu = FlowTrainer(load_flow_config(None, _args(flow_workspace, run, *more)))
+    cpu = flow_trainer(_args(flow_workspace, run, *more))
     assert cpu.global_step == 2 and cpu.ema.calls == gpu.ema.calls
     for a, b in zip(cpu.ema.averaged(), gpu.ema.averaged(), strict=True):
         assert torch.equal(a, b.cpu())
@@ -242,3 +235,36 @@ def test_pretrain_flow_writes_a_model_train_flow_loads(flow_workspace, tmp_path,
     assert isinstance(ImageFlow.load(out), ImageFlow)
     assert cli_main(["pretrain-flow", str(tmp_path / "none.parquet"), "--out", str(out)]) == 2
     assert "lmrl tasks shapes" in capsys.readouterr().err
+
+
+def test_the_flow_program_runs_over_parts_a_test_may_replace(flow_workspace, tmp_path):
+    """``build_flow`` hands the program its parts; a fake reward swapped in drives the update:
+    a reward that ranks the images of each prompt gives every group spread and a policy
+    gradient, a constant one gives zero advantages and a zero policy loss."""
+    import dataclasses
+
+    class Ranked:
+        def __init__(self, constant: bool) -> None:
+            self.constant, self.calls = constant, 0
+
+        def score(self, images, prompts, metadata):
+            self.calls += 1
+            b = images.shape[0]
+            scores = torch.ones(b) if self.constant else torch.arange(b, dtype=torch.float32)
+            return scores, {"fake": torch.full((b,), 0.5)}
+
+    args = _args(flow_workspace, tmp_path / "run", "trainer.total_training_steps=1")
+    parts = build_flow(load_flow_config(None, args))
+    for constant in (False, True):
+        reward = Ranked(constant)
+        trainer = FlowTrainer(dataclasses.replace(parts, reward=reward))
+        before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        metrics = trainer.step()
+        assert reward.calls == 1 and metrics["flow/check/fake"] == 0.5
+        assert metrics["flow/zero_spread_groups"] == (1.0 if constant else 0.0)
+        if constant:
+            assert metrics["actor/pg_loss"] == 0.0
+        else:
+            assert metrics["actor/pg_loss"] != 0.0
+            after = trainer.model.state_dict()
+            assert any(not torch.equal(before[k], v) for k, v in after.items())

@@ -143,7 +143,7 @@ def _update_direction(before: dict, after: dict) -> torch.Tensor:
 
 def test_sft_on_a_gpu_trains_as_on_the_cpu(tiny_workspace, tmp_path):
     from lmrl.config.sft import load_sft_config
-    from lmrl.trainer.sft import SFTTrainer
+    from lmrl.trainer.sft import SFTTrainer, build_sft
 
     losses, moves = [], []
     for device in ("cpu", "cuda"):
@@ -155,7 +155,7 @@ def test_sft_on_a_gpu_trains_as_on_the_cpu(tiny_workspace, tmp_path):
             f"trainer.default_local_dir={tmp_path / f'sft{len(losses)}'}", "trainer.logger=[]",
             "model.enable_gradient_checkpointing=false",
         ])  # fmt: skip
-        trainer = SFTTrainer(cfg)
+        trainer = SFTTrainer(build_sft(cfg))
         assert next(trainer.model.parameters()).device.type == device
         before = {n: p.detach().cpu().clone() for n, p in trainer.model.named_parameters()}
         losses.append([m["sft/loss"] for m in trainer.fit()])
@@ -178,7 +178,7 @@ def test_a_multi_turn_run_with_the_search_tool_on_a_gpu(search_workspace, tmp_pa
             "actor.optim.lr=1e-2", "algorithm.adv_estimator=grpo", "actor.use_kl_loss=true",
             "rollout.multi_turn.enable=true", "rollout.multi_turn.max_turns=2",
             "rollout.multi_turn.max_obs_length=40",
-            f"retriever.corpus={root / 'data' / 'corpus.parquet'}", "retriever.topk=1",
+            f"retriever.source={root / 'data' / 'corpus.parquet'}", "retriever.topk=1",
             "model.enable_gradient_checkpointing=false", f"trainer.device={device}",
             "trainer.total_training_steps=2", "trainer.logger=[]", "reward.num_workers=0",
             f"trainer.default_local_dir={tmp_path / f'agent{len(histories)}'}",

@@ -45,10 +45,10 @@ def test_mostly_zero_spread_groups_are_said_once_when_sustained():
 
 def test_an_sft_loss_that_does_not_drop_is_said_once():
     health = SFTHealth(total_steps=100)
-    said = [w for _ in range(60) for w in health.check(5.5, lr=1e-4)]
+    said = [w for _ in range(60) for w in health.check({"sft/loss": 5.5, "sft/lr": 1e-4})]
     assert len(said) == 1 and "has not dropped after 25 steps at optim.lr=0.0001" in said[0]
     health = SFTHealth(total_steps=100)
-    assert [w for i in range(60) for w in health.check(5.5 * 0.97**i)] == []
+    assert [w for i in range(60) for w in health.check({"sft/loss": 5.5 * 0.97**i})] == []
 
 
 def test_zero_spread_fraction_counts_groups_of_two_or_more():

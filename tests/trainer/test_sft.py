@@ -17,7 +17,8 @@ from lmrl.data import SFTDataset
 from lmrl.data.tasks import write_task
 from lmrl.models import build_tiny_model, load_causal_lm, load_tokenizer
 from lmrl.rollout import HFEngine, SamplingParams
-from lmrl.trainer.sft import SFTTrainer
+from lmrl.trainer.checkpoint import check_checkpoint
+from lmrl.trainer.sft import SFTTrainer, build_sft
 from lmrl.workers.optim import TrainableWorker, lr_factor, warmup_steps
 from lmrl.workers.sft import sft_token_log_probs
 
@@ -84,7 +85,7 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(tmp_path, model_di
                       "data.response_from_ground_truth=true", "data.train_batch_size=8",
                       f"data.micro_batch_size={micro}", "optim.grad_clip=1e9", "optim.lr=0"),
         )  # fmt: skip
-        trainer = SFTTrainer(cfg)
+        trainer = SFTTrainer(build_sft(cfg))
         trainer.worker.optimizer.zero_grad = lambda set_to_none=True: None  # keep the gradient
         losses.append(trainer.step()["sft/loss"])
         grads.append(torch.cat([p.grad.flatten() for p in trainer.worker.params]))
@@ -103,7 +104,7 @@ def fitted(tmp_path_factory, model_dir, digits):
                   "optim.lr=3e-3", "trainer.total_training_steps=30", "trainer.test_freq=15",
                   "trainer.save_freq=20"),
     )  # fmt: skip
-    trainer = SFTTrainer(cfg)
+    trainer = SFTTrainer(build_sft(cfg))
     return trainer, trainer.fit()
 
 
@@ -146,8 +147,10 @@ def test_optimizer_and_schedule_are_a_trainable_workers(fitted):
 
 def test_export_loads_as_a_model_path_and_generates(fitted):
     trainer, _ = fitted
-    assert (trainer.run_dir / "global_step_20" / "config.json").is_file()
-    assert not (trainer.run_dir / "global_step_30").exists()  # the end is final/
+    # resumable checkpoints at save_freq and at the end; the model itself is final/
+    for step in (20, 30):
+        assert check_checkpoint(trainer.run_dir / f"global_step_{step}") is None
+        assert (trainer.run_dir / f"global_step_{step}" / "model.safetensors").is_file()
     model = load_causal_lm(trainer.final_dir)
     tokenizer = load_tokenizer(trainer.final_dir)
     for name, value in trainer.model.state_dict().items():
@@ -170,8 +173,8 @@ def test_lora_export_is_merged(tmp_path, model_dir, digits):
                   "optim.lr_warmup_steps=0", "trainer.total_training_steps=5",
                   f"data.val_files={digits['test']}"),
     )  # fmt: skip
-    trainer = SFTTrainer(cfg)
-    history = trainer.fit(stop=lambda step, metrics: step == 2)
+    trainer = SFTTrainer(build_sft(cfg))
+    history = trainer.fit(on_step_end=lambda step, metrics: step == 2)
     assert len(history) == 2 and "val/sft_loss" in history[-1] and trainer.global_step == 2
     assert not (trainer.final_dir / "adapter_config.json").exists()
     merged = load_causal_lm(trainer.final_dir)

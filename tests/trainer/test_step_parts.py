@@ -46,24 +46,44 @@ def rollout() -> Batch:
 
 
 class FakeActor:
+    """An ``lmrl.workers.roles.ActorRole``: log-probs of -1, updates recorded."""
+
     def __init__(self) -> None:
         self.updated: list[tuple[Batch, bool]] = []
 
     def compute_log_probs(self, batch: Batch, with_entropy: bool = False):
         return torch.full(batch["responses"].shape, -1.0), None
 
-    def update_policy(self, batch: Batch, *, old_log_probs_from_update: bool = False):
+    def update_actor(self, batch: Batch, *, old_log_probs_from_update: bool = False):
         self.updated.append((batch, old_log_probs_from_update))
         return {"actor/pg_loss": torch.tensor(0.5)}
 
+    def model_state(self) -> dict[str, torch.Tensor]:
+        return {}
 
-def fake_reward(batch: Batch):
-    scores = torch.zeros(len(batch), T)
-    scores[:, -1] = SCORES[: len(batch)]
-    return SimpleNamespace(token_level_scores=scores, extras={}, metrics={})
+    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
 
 
-fake_reward.close = lambda: None
+class FakeReward:
+    """An ``lmrl.workers.roles.RewardRole``: ``SCORES`` on the last token."""
+
+    def __call__(self, batch: Batch):
+        scores = torch.zeros(len(batch), T)
+        scores[:, -1] = SCORES[: len(batch)]
+        return SimpleNamespace(token_level_scores=scores, extras={}, metrics={})
+
+    def check_dataset(self, dataset) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def parts(plan: StepPlan, actor: FakeActor) -> RunParts:
@@ -72,8 +92,10 @@ def parts(plan: StepPlan, actor: FakeActor) -> RunParts:
         config=None, plan=plan, run_dir=None, resume_from=None, config_changes=[],
         tokenizer=None, train_data=SimpleNamespace(get_batch=lambda idx: idx), sampler=sampler,
         val_data=None, policy=None, actor=actor, critic=None, reference=None,
-        engine=SimpleNamespace(generate=lambda prompts, n, sampling: rollout(), pad_id=0),
-        reward=fake_reward, kl_ctrl=None, trackers=None, total_steps=1,
+        engine=SimpleNamespace(
+            generate=lambda prompts, n, sampling: rollout(), pad_id=0, shares_weights=True
+        ),
+        reward=FakeReward(), kl_ctrl=None, trackers=None, total_steps=1,
     )  # fmt: skip
 
 
@@ -133,3 +155,26 @@ def test_bypass_uses_the_rollout_log_probs(plan):
     Trainer(parts(plan, actor), TrainerConfig()).step()
     batch, _ = actor.updated[0]
     assert torch.equal(batch["old_log_probs"], batch["rollout_log_probs"])
+
+
+@pytest.mark.parametrize(
+    ("change", "rows", "step", "shares", "expected"),
+    [
+        ({}, 4, 0, True, True),  # one epoch, one mini-batch of 2 prompts x 2 samples
+        ({}, 5, 0, True, False),  # more rows than one mini-batch: the weights move in between
+        ({}, 0, 0, True, False),
+        ({}, 4, 0, False, False),  # an engine with its own weights: the gap is measured
+        ({"critic_warmup": 2}, 4, 1, True, False),  # the actor does not update yet
+        ({"critic_warmup": 2}, 4, 2, True, True),
+        ({"log_prob_mode": "bypass"}, 4, 0, True, False),
+        ({"update_rows": 0}, 4, 0, True, False),  # several epochs or a KL in the reward
+    ],
+)
+def test_one_place_decides_whether_old_log_probs_come_from_the_update(
+    plan, change, rows, step, shares, expected
+):
+    assert plan.update_rows == 4
+    assert (
+        dataclasses.replace(plan, **change).old_log_probs_from_update(rows, step, shares)
+        is expected
+    )

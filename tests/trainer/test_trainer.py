@@ -219,7 +219,7 @@ def test_micro_batch_invariance_of_the_actor_update(workspace):
         worker._accumulate(batch, micro)
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         worker.optimizer.zero_grad()
-        worker.update_policy(batch)
+        worker.update_actor(batch)
         results.append((grads, {n: p.detach().clone() for n, p in model.named_parameters()}))
     (grads_a, params_a), (grads_b, params_b) = results
     assert grads_a.keys() == grads_b.keys() and grads_a
@@ -345,7 +345,7 @@ def test_non_finite_loss_skips_the_optimizer_step(workspace):
     advantages[0, 0] = float("nan")  # one poisoned token in the first mini-batch
     batch["advantages"] = advantages * batch["response_mask"]
     before = {n: p.detach().clone() for n, p in trainer.parts.actor.model.named_parameters()}
-    metrics = trainer.parts.actor.update_policy(batch)
+    metrics = trainer.parts.actor.update_actor(batch)
     assert metrics["actor/skipped_steps"] == 1.0  # the other mini-batch still stepped
     changed = [
         n for n, p in trainer.parts.actor.model.named_parameters() if not torch.equal(p, before[n])

@@ -57,7 +57,7 @@ def test_the_update_does_not_depend_on_the_micro_batch_size(
             **overrides,
         )  # fmt: skip
         batch = with_log_probs(batch_factory(), worker)
-        metrics.append(worker.update_policy(batch))
+        metrics.append(worker.update_actor(batch))
     assert len(steps) == 3
     for i in (1, 2):
         # the shared-prompt forward (micro-batches holding a whole group) agrees with the
@@ -79,7 +79,7 @@ def test_the_entropy_metric_is_per_token_whatever_the_aggregation(
                 _policy(tiny_dir), loss_agg_mode=mode, ppo_micro_batch_size=micro
             )
             batch = with_log_probs(batch_factory(), worker)
-            values.append(float(worker.update_policy(batch)["actor/entropy"]))
+            values.append(float(worker.update_actor(batch)["actor/entropy"]))
     assert max(values) - min(values) < 1e-9
     assert 0 < values[0] < 6  # nats per token, below log(259)
 
@@ -99,7 +99,7 @@ def test_old_log_probs_from_update_are_this_pass_own(
             batch["old_log_probs"], _ = worker.compute_log_probs(batch)
         elif mode == "flag ignores the key":
             batch["old_log_probs"] = torch.full(batch["responses"].shape, -9.0)
-        metrics.append(worker.update_policy(batch, old_log_probs_from_update=mode != "given"))
+        metrics.append(worker.update_actor(batch, old_log_probs_from_update=mode != "given"))
     grads_close(steps[1], steps[0], tol=1e-9)
     grads_close(steps[2], steps[1], tol=0.0)
     for m in metrics[1:]:
@@ -109,7 +109,7 @@ def test_old_log_probs_from_update_are_this_pass_own(
 def test_old_log_probs_missing_without_the_flag_is_an_error(tiny_dir, batch_factory, actor_factory):
     worker = actor_factory(_policy(tiny_dir))
     with pytest.raises(ValueError, match="old_log_probs_from_update=True"):
-        worker.update_policy(batch_factory())
+        worker.update_actor(batch_factory())
 
 
 @pytest.mark.parametrize("overrides", [{"ppo_epochs": 2}, {"ppo_mini_batch_size": 1}])
@@ -118,7 +118,7 @@ def test_the_flag_needs_one_epoch_of_one_mini_batch(
 ):
     worker = actor_factory(_policy(tiny_dir), **overrides)
     with pytest.raises(ValueError, match="one epoch of one mini-batch"):
-        worker.update_policy(batch_factory(), old_log_probs_from_update=True)
+        worker.update_actor(batch_factory(), old_log_probs_from_update=True)
 
 
 # ------------------------------------------------------------------ loss_mask
@@ -143,7 +143,7 @@ def test_loss_mask_trains_as_a_narrower_response_mask(
             batch["loss_mask"] = loss_mask
         elif mode == "narrower response_mask":
             batch["response_mask"] = loss_mask
-        metrics.append(actor_factory(_policy(tiny_dir), **settings).update_policy(batch))
+        metrics.append(actor_factory(_policy(tiny_dir), **settings).update_actor(batch))
     grads_close(steps[0], steps[1], tol=1e-12)
     for key in (*METRICS, "actor/kl_loss"):
         torch.testing.assert_close(metrics[0][key], metrics[1][key], rtol=1e-12, atol=0)
@@ -156,10 +156,10 @@ def test_a_bad_loss_mask_is_an_error(tiny_dir, batch_factory, with_log_probs, ac
     batch = with_log_probs(batch_factory(), worker)
     batch["loss_mask"] = torch.ones_like(batch["response_mask"])  # True on padding too
     with pytest.raises(ValueError, match="subset"):
-        worker.update_policy(batch)
+        worker.update_actor(batch)
     batch["loss_mask"] = batch["response_mask"].float()
     with pytest.raises(ValueError, match="bool"):
-        worker.update_policy(batch)
+        worker.update_actor(batch)
 
 
 # ------------------------------------------------------------------ full KL
@@ -183,9 +183,9 @@ def test_full_kl_is_zero_against_the_initial_policy_then_grows(
         optim=OptimConfig(lr=1e-2, weight_decay=0.0),
     )  # fmt: skip
     batch = batch_factory()  # no ref_log_probs: the full KL runs the reference itself
-    first = worker.update_policy(batch, old_log_probs_from_update=True)
+    first = worker.update_actor(batch, old_log_probs_from_update=True)
     assert abs(float(first["actor/kl_loss"])) < 1e-6
-    second = worker.update_policy(batch, old_log_probs_from_update=True)
+    second = worker.update_actor(batch, old_log_probs_from_update=True)
     assert float(second["actor/kl_loss"]) > 1e-6
     assert torch.isfinite(second["actor/grad_norm"])
 
@@ -201,7 +201,7 @@ def test_full_kl_gradient_equals_the_unchunked_kl_gradient(
         _policy(tiny_dir), _other_reference(other_dir), use_kl_loss=True, kl_loss_type="full",
         kl_loss_coef=1.0, ppo_micro_batch_size=4,
     )  # fmt: skip
-    metrics = worker.update_policy(batch, old_log_probs_from_update=True)
+    metrics = worker.update_actor(batch, old_log_probs_from_update=True)
 
     policy, reference = _policy(tiny_dir), _other_reference(other_dir)
     T = batch["responses"].shape[1]
@@ -239,7 +239,7 @@ def test_each_loss_gets_exactly_its_own_hyperparameters(
                 "clip_cov_lb": 1.0, "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002,
                 "ppo_kl_coef": 1.0}  # fmt: skip
     assert worker.loss_kwargs == {k: expected[k] for k in loss_hyperparameters(name)}
-    metrics = worker.update_policy(with_log_probs(batch_factory(), worker))  # no TypeError
+    metrics = worker.update_actor(with_log_probs(batch_factory(), worker))  # no TypeError
     assert all(torch.isfinite(v) for v in metrics.values())
 
 

@@ -41,7 +41,7 @@ def test_compute_values_shape_and_micro_batching(tiny_dir, batch_factory, critic
     assert fresh.shape == mask.shape and fresh.dtype == torch.float32
     assert (fresh == 0).all()  # a new value head starts at 0
     whole = critic_factory(_critic(tiny_dir)).compute_values(batch)
-    one_row = critic_factory(_critic(tiny_dir), forward_micro_batch_size=1).compute_values(batch)
+    one_row = critic_factory(_critic(tiny_dir), ppo_micro_batch_size=1).compute_values(batch)
     assert (whole[~mask] == 0).all() and whole[mask].abs().min() > 0
     torch.testing.assert_close(one_row, whole, atol=1e-6, rtol=0)
 

@@ -73,7 +73,7 @@ def _update(model_dir: str, kind: str, dp, out: str | None) -> None:
         worker = ActorWorker(model, cfg, temperature=0.8, log_prob_micro_batch_size=None,
                              **common)  # fmt: skip
         add_log_probs(batch, worker)
-        metrics = [worker.update_policy(batch) for _ in range(2)]
+        metrics = [worker.update_actor(batch) for _ in range(2)]
     else:
         model = load_critic(model_dir, dtype="float64", device="cpu")
         cfg = critic_config(ppo_mini_batch_size=2, ppo_micro_batch_size=2, shuffle=True)

@@ -41,7 +41,7 @@ def _update(model_dir: str, kind: str, dp, device: str) -> dict:
         worker = ActorWorker(model, cfg, temperature=0.8, log_prob_micro_batch_size=2, **common)
         forward, entropy = worker.compute_log_probs(batch, with_entropy=True)
         batch["old_log_probs"] = torch.where(mask, forward + 0.3 * noise, 0.0)
-        metrics = [worker.update_policy(batch) for _ in range(2)]
+        metrics = [worker.update_actor(batch) for _ in range(2)]
         forward = torch.stack([forward, entropy])
     else:
         model = load_critic(model_dir, dtype="float64", device=device)

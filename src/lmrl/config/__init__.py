@@ -8,6 +8,7 @@
 - ``format_help()``: the text of ``lmrl train --help``.
 """
 
+from lmrl.config.checks import estimator_needs
 from lmrl.config.errors import ConfigError
 from lmrl.config.help import format_help
 from lmrl.config.loader import (
@@ -17,6 +18,7 @@ from lmrl.config.loader import (
     load_config,
     parse_override,
     save_config,
+    validate_config,
 )
 from lmrl.config.schema import (
     ActorConfig,
@@ -40,7 +42,7 @@ from lmrl.config.schema import (
     TrainerConfig,
     ValKwargsConfig,
 )
-from lmrl.config.validate import estimator_needs, resolve_config, validate_config
+from lmrl.config.validate import resolve_config
 
 __all__ = [
     "REQUIRED_FOR_TRAINING",

@@ -32,12 +32,15 @@ class FieldSpec:
         type: the resolved annotation (a dataclass type for a section).
         help: the help text (a section's: its class docstring).
         section: True for a nested dataclass, False for a leaf value.
+        items: for a key declared with ``options(Cls, ...)``, the dataclass declaring the
+            names and types of its options; None otherwise.
     """
 
     path: str
     type: Any
     help: str
     section: bool
+    items: type | None = None
 
 
 @functools.cache
@@ -56,7 +59,8 @@ def schema(root: type = Config) -> dict[str, FieldSpec]:
                 out[path] = FieldSpec(path, tp, doc, section=True)
                 walk(tp, path + ".")
             else:
-                out[path] = FieldSpec(path, tp, f.metadata.get("help", ""), section=False)
+                help, items = f.metadata.get("help", ""), f.metadata.get("items")
+                out[path] = FieldSpec(path, tp, help, section=False, items=items)
 
     walk(root, "")
     return out
@@ -80,6 +84,11 @@ def set_path(cfg: Any, path: str, value: Any) -> None:
     for seg in parents:
         cfg = getattr(cfg, seg)
     setattr(cfg, name, value)
+
+
+def is_url(value: Any) -> bool:
+    """An http(s) URL (``retriever.source``: a retrieval server rather than a file)."""
+    return isinstance(value, str) and value.startswith(("http://", "https://"))
 
 
 class Mismatch(Exception):

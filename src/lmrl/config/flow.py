@@ -22,10 +22,12 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from lmrl.config.checks import did_you_mean
 from lmrl.config.errors import ConfigError
 from lmrl.config.help import key_lines, rename_lines
 from lmrl.config.loader import ConfigKind, load_config
-from lmrl.config.schema import LoggerName, opt
+from lmrl.config.names import IMAGE_REWARDS
+from lmrl.config.run import RUN_CHECKS, RunSettings, default_of, opt
 from lmrl.config.validate import range_errors, resolve_run_paths
 from lmrl.config.verl import FLOW, renames, translate, verl_spellings
 
@@ -133,30 +135,20 @@ class FlowRewardConfig:
 
 
 @dataclass
-class FlowTrainerConfig:
-    """The run: its length, directory, checkpoints, validation, logging."""
+class FlowTrainerConfig(RunSettings):
+    """The run: its length, directory, checkpoints, validation, logging, device."""
 
-    project_name: str = opt("lmrl", "Project name (loggers, default run directory).")
-    experiment_name: str = opt("flow_grpo", "Experiment name (loggers, default run directory).")
-    default_local_dir: str | None = opt(
-        None, "Run directory; null = checkpoints/<project_name>/<experiment_name>."
+    experiment_name: str = default_of(RunSettings, "experiment_name", "flow_grpo")
+    total_training_steps: int = default_of(
+        RunSettings, "total_training_steps", 20, "Flow-GRPO steps."
     )
-    total_training_steps: int = opt(20, "Flow-GRPO steps.")
-    save_freq: int = opt(
-        10, "Checkpoint every this many steps (and at the end); <= 0 = at the end only."
+    save_freq: int = default_of(RunSettings, "save_freq", 10)
+    seed: int = default_of(
+        RunSettings, "seed", 0, "Global seed (noise, prompt order, LoRA initialization)."
     )
-    test_freq: int = opt(-1, "Validate every this many steps (and before and after); <= 0 = ends.")
     val_images_per_prompt: int = opt(
         4, "Validation images per prompt (ODE samples from fixed noise), >= 1."
     )
-    resume_mode: Literal["auto", "disable"] = opt(
-        "auto", "auto = resume from the run directory's latest checkpoint, if any."
-    )
-    seed: int = opt(0, "Global seed (noise, prompt order, LoRA initialization).")
-    device: Literal["auto", "cpu", "cuda"] = opt(
-        "auto", "Where the model samples and trains: auto = cuda when available, else cpu."
-    )
-    logger: list[LoggerName] = opt(["console"], "console; metrics.jsonl is always written.")
 
 
 @dataclass
@@ -204,12 +196,18 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
         ("actor.ppo_epochs", lambda x: x >= 1, "must be >= 1"),
         ("actor.max_grad_norm", lambda x: x > 0, "must be > 0"),
         ("actor.optim.lr", lambda x: x >= 0, "must be >= 0"),
-        ("trainer.total_training_steps", lambda x: x >= 1, "must be >= 1"),
+        *RUN_CHECKS,
         ("trainer.val_images_per_prompt", lambda x: x >= 1, "must be >= 1"),
         ("actor.ema_decay", lambda x: 0 <= x < 1, "must be in [0, 1)"),
         ("actor.ema_every", lambda x: x >= 1, "must be >= 1"),
     )
     errors = range_errors(cfg, checks)
+    if cfg.reward.path is None and cfg.reward.name not in IMAGE_REWARDS:
+        errors.append(
+            f"reward.name={cfg.reward.name!r} is not a built-in image reward"
+            f"{did_you_mean(cfg.reward.name, IMAGE_REWARDS)}; valid names: "
+            f"{', '.join(IMAGE_REWARDS)}; or name a function of a file given as reward.path"
+        )
     images = cfg.data.train_batch_size * s.n
     mini = cfg.actor.ppo_mini_batch_size or images
     if mini >= 1 and images % mini:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import textwrap
 import types
 from collections.abc import Sequence
-from typing import Any, Literal, Union, get_args, get_origin
+from dataclasses import fields
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from lmrl.config.errors import ConfigError
 from lmrl.config.fields import get_path, schema
@@ -82,8 +83,20 @@ def key_lines(
                     f"{path}: {s.help}", width, initial_indent="  ", subsequent_indent=indent
                 )
             continue
-        lines.append(f"  {path} = {_yaml(get_path(defaults, path))}  ({_short(s.type)})")
+        if s.items is None:
+            lines.append(f"  {path} = {_yaml(get_path(defaults, path))}  ({_short(s.type)})")
+        else:
+            lines.append(f"  {path}  (mapping of the options below)")
         lines += textwrap.wrap(s.help, width, initial_indent=indent, subsequent_indent=indent)
+        if s.items is not None:  # one key's options, each with its default, type and help
+            hints, values = get_type_hints(s.items), get_path(defaults, path)
+            for f in fields(s.items):
+                text = (
+                    f"{f.name} = {_yaml(values[f.name])}  ({_short(hints[f.name])}): "
+                    f"{f.metadata['help']}"
+                )
+                lines += textwrap.wrap(text, width, initial_indent=indent + "- ",
+                                       subsequent_indent=indent + "  ")  # fmt: skip
     return lines
 
 

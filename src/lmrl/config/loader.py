@@ -15,6 +15,10 @@ key that changes nothing given the others gets its notice only then), and valida
 the config as written, before derived defaults are filled, so its errors name only keys the
 user set.
 
+``validate_config(cfg)`` puts a ``Config`` built in code through the same steps: the keys that
+differ from the defaults are loaded as if from a file, so values are converted to their types
+in one place, here.
+
 The same machinery loads another root config type (``lmrl sft``'s ``SFTConfig``): a
 ``ConfigKind`` names its root dataclass, its verl translation, and its resolve and validate
 steps; ``load_config(..., kind=...)`` takes it, and ``RL_CONFIG`` (``Config``) is the default.
@@ -31,16 +35,16 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_origin
+from typing import Any, get_origin, get_type_hints
 
 import yaml
 
 from lmrl.config.errors import ConfigError
-from lmrl.config.fields import Mismatch, coerce, leaf_paths, schema
+from lmrl.config.fields import FieldSpec, Mismatch, coerce, leaf_paths, schema
 from lmrl.config.fields import get_path as _get
 from lmrl.config.fields import set_path as _set
 from lmrl.config.schema import Config
-from lmrl.config.validate import inert_keys, resolve_config, validate_config
+from lmrl.config.validate import check_config, inert_keys, resolve_config
 from lmrl.config.verl import Translation, translate, verl_spellings
 
 logger = logging.getLogger("lmrl.config")
@@ -77,7 +81,7 @@ class ConfigKind:
 
 #: the RL training config (``lmrl train``)
 RL_CONFIG = ConfigKind(
-    Config, translate, verl_spellings, resolve_config, validate_config, "lmrl train", inert_keys
+    Config, translate, verl_spellings, resolve_config, check_config, "lmrl train", inert_keys
 )
 
 
@@ -162,6 +166,37 @@ def config_from_dict(
             errors.extend(err.errors)
     layers = [_flatten(data, "in the given dict", kind), layer]
     return _finish(layers, errors, required, notices, kind)
+
+
+def validate_config(cfg: Config, *, notices: list[str] | None = None) -> Config:
+    """Check a config built or edited in code, as ``load_config`` checks a file.
+
+    The keys whose values differ from the defaults go through the loader as if written in a
+    file: converted to their types (``"0.3"`` -> 0.3; a value that does not fit is an error),
+    checked by ``check_config``, and resolved.
+
+    Args:
+        cfg: the config as written. A key that is null here and that resolving fills from
+            another key is checked through that key and never named; a resolved config is
+            checked too, naming every key.
+        notices: if given, notices and warnings (allowed but probably unintended settings)
+            are appended to it; they are logged to ``lmrl.config`` either way.
+    Returns:
+        The resolved config (as ``load_config`` returns it).
+    Raises:
+        ConfigError: every problem found, each naming the key and the fix.
+    """
+    defaults = Config()
+    changed: dict = {}
+    for path, spec in schema().items():
+        value = _get(cfg, path)
+        if not spec.section and value != _get(defaults, path):
+            *parents, name = path.split(".")
+            node = changed
+            for seg in parents:
+                node = node.setdefault(seg, {})
+            node[name] = value
+    return config_from_dict(changed, notices=notices)
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
@@ -301,7 +336,7 @@ def _expand(
         return [_Entry(key, value, raw, source)]
     target = kind.translate(key, value).path
     spec = schema(kind.root).get(target) if target is not None else None
-    if spec is not None and not spec.section:  # a mapping-valued key (reward_kwargs)
+    if spec is not None and not spec.section and spec.items is None:  # e.g. reward_kwargs
         return [_Entry(key, dict(value), raw, source)]
     out: list[_Entry] = []
     for k, v in value.items():
@@ -371,6 +406,11 @@ def _build(
             mapped = f" (lmrl key {path!r})" if path != entry.key else ""
             if path not in spec:
                 holder = _mapping_holder(path, kind.root)
+                if holder is not None and spec[holder].items is not None:
+                    error = _set_option(cfg, spec[holder], path, entry, tr.value)
+                    if error:
+                        errors.append(error + where)
+                    continue
                 if holder is not None:  # reward_kwargs.scale=2: one item of a mapping key
                     _set(cfg, holder, _with_item(_get(cfg, holder), path[len(holder) + 1 :],
                                                  tr.value))  # fmt: skip
@@ -393,15 +433,16 @@ def _build(
                 )
                 continue
             raw = entry.raw if tr.value is entry.value else None
+            given = tr.value if tr.update is None else tr.update(_get(cfg, path))
             try:
-                value = coerce(tr.value, spec[path].type, raw)
+                value = coerce(given, spec[path].type, raw)
             except Mismatch as err:
                 hint = f"; {err.hint}" if err.hint else ""
                 errors.append(
                     f"{entry.key}{mapped}: expected {err.expected}, got {tr.value!r}{hint}{where}"
                 )
                 continue
-            if entry.raw is None and path in seen and seen[path][1] != value:
+            if entry.raw is None and tr.update is None and path in seen and seen[path][1] != value:
                 other = seen[path][0]
                 errors.append(
                     f"{path} is set twice{where}: {other.key}={seen[path][1]!r} and "
@@ -423,6 +464,29 @@ def _with_item(mapping: Mapping, key: str, value: Any) -> dict:
     else:
         out[head] = value
     return out
+
+
+def _set_option(cfg: Any, spec: FieldSpec, path: str, entry: _Entry, value: Any) -> str | None:
+    """Set one option of a key declared with ``options`` (``rollout.vllm.enforce_eager``),
+    converted to its declared type; the error message when the name or the value is wrong."""
+    name = path[len(spec.path) + 1 :]
+    mapped = f" (lmrl key {path!r})" if path != entry.key else ""
+    types_ = get_type_hints(spec.items)
+    if name not in types_:
+        close = difflib.get_close_matches(name, list(types_), n=1)
+        hint = f"did you mean {spec.path}.{close[0]}? " if close else ""
+        return (
+            f"unknown key {entry.key!r}{mapped}; {hint}the options of {spec.path} are: "
+            + ", ".join(types_)
+        )
+    raw = entry.raw if value is entry.value else None
+    try:
+        converted = coerce(value, types_[name], raw)
+    except Mismatch as err:
+        hint = f"; {err.hint}" if err.hint else ""
+        return f"{entry.key}{mapped}: expected {err.expected}, got {value!r}{hint}"
+    _set(cfg, spec.path, {**_get(cfg, spec.path), name: converted})
+    return None
 
 
 def _mapping_holder(path: str, root: type) -> str | None:

@@ -2,6 +2,9 @@
 
 One section per stage of the training step: ``data``, ``model``, ``rollout``, ``reward``,
 ``algorithm``, ``actor``, ``critic``, ``ref``, ``trainer``, and ``resources`` for placement.
+The sections of the update (``algorithm``, ``actor``, ``critic``, ``ref``) are declared in
+``lmrl.config.update`` and the run keys every command shares in ``lmrl.config.run``
+(``RunSettings``, which ``TrainerConfig`` extends); this module re-exports them.
 Every field is declared with ``opt(default, help)``, so its help text sits next to it and
 ``lmrl train --help`` reads it from here (``field.metadata["help"]``); a section's
 help is its class docstring.
@@ -18,25 +21,21 @@ config is loaded, so the trainer reads resolved values and never re-derives them
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass, field, is_dataclass
+from dataclasses import dataclass
 from typing import Any, Literal
 
-
-def opt(default: Any, help: str) -> Any:
-    """A dataclass field with its default and its help text (shown by ``format_help``).
-
-    Args:
-        default: the default value; lists, dicts and section instances are deep-copied per
-            instance.
-        help: one or two sentences: what the key does, its unit, special values.
-    Returns:
-        A ``dataclasses.field``.
-    """
-    if isinstance(default, list | dict) or is_dataclass(default):
-        return field(default_factory=lambda: copy.deepcopy(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
-
+from lmrl.config.run import RunSettings, opt, options
+from lmrl.config.update import (
+    ActorConfig,
+    AlgorithmConfig,
+    CriticConfig,
+    CriticModelConfig,
+    FilterGroupsConfig,
+    KLControlConfig,
+    OptimConfig,
+    PolicyLossConfig,
+    RefConfig,
+)
 
 # ------------------------------------------------------------------------------------------
 # data
@@ -150,6 +149,14 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class PythonToolOptions:
+    """The options of ``rollout.multi_turn.python``: the sandbox of the python tool."""
+
+    timeout_s: float = opt(5.0, "Wall-clock limit of one run of code, > 0.")
+    memory_mb: int = opt(512, "Address-space limit of one run, MiB, > 0.")
+
+
+@dataclass
 class MultiTurnConfig:
     """Multi-turn rollouts with tools (Search-R1): the policy writes until a tool's closing
     tag, the tool's answer is appended as an observation, and it goes on."""
@@ -182,8 +189,30 @@ class MultiTurnConfig:
         "process killed; 0 = they run in threads of the trainer (a call past its timeout is "
         "abandoned, not stopped).",
     )
-    python_timeout_s: float = opt(5.0, "python tool: wall-clock limit of one run of code.")
-    python_memory_mb: int = opt(512, "python tool: address-space limit of one run, MiB.")
+    python: dict[str, Any] = options(
+        PythonToolOptions, "The python tool's limits; set one as rollout.multi_turn.python.NAME."
+    )
+
+
+@dataclass
+class VLLMOptions:
+    """The options of ``rollout.vllm`` (verl's ``rollout.*`` engine keys map onto them)."""
+
+    gpu_memory_utilization: float = opt(
+        0.5, "Its share of the GPU's memory (weights, activations and KV cache), in (0, 1]."
+    )
+    tensor_model_parallel_size: int = opt(1, "GPUs one engine spans (1 on a CPU).")
+    max_num_batched_tokens: int | None = opt(
+        None, "Tokens per scheduler step; null = vLLM's default."
+    )
+    max_model_len: int | None = opt(
+        None, "Tokens per sequence; null = data.max_prompt_length + max_response_length."
+    )
+    enforce_eager: bool = opt(True, "No CUDA graphs (faster start and less memory, slower decode).")
+    free_cache_engine: bool = opt(
+        True, "On a GPU: sleep between rollouts, freeing the KV cache for training."
+    )
+    dtype: str | None = opt(None, "Its dtype; null = the actor's (model.dtype).")
 
 
 @dataclass
@@ -221,23 +250,9 @@ class RolloutConfig:
         RolloutCorrectionConfig(), "Rollout-correction settings."
     )
     val_kwargs: ValKwargsConfig = opt(ValKwargsConfig(), "Sampling for validation.")
-    gpu_memory_utilization: float = opt(
-        0.5, "vllm: its share of the GPU's memory (weights, activations and KV cache)."
+    vllm: dict[str, Any] = options(
+        VLLMOptions, "The vllm engine's settings (rollout.name=vllm); set one as rollout.vllm.NAME."
     )
-    tensor_model_parallel_size: int = opt(1, "vllm: GPUs one engine spans (1 on a CPU).")
-    max_num_batched_tokens: int | None = opt(
-        None, "vllm: tokens per scheduler step; null = vLLM's default."
-    )
-    max_model_len: int | None = opt(
-        None, "vllm: tokens per sequence; null = data.max_prompt_length + max_response_length."
-    )
-    enforce_eager: bool = opt(
-        True, "vllm: no CUDA graphs (faster start and less memory, slower decode)."
-    )
-    free_cache_engine: bool = opt(
-        True, "vllm on a GPU: sleep between rollouts, freeing the KV cache for training."
-    )
-    dtype: str | None = opt(None, "vllm: its dtype; null = the actor's (model.dtype).")
     multi_turn: MultiTurnConfig = opt(MultiTurnConfig(), "Multi-turn rollouts with tools.")
 
 
@@ -340,279 +355,19 @@ class RewardModelConfig:
 
 
 # ------------------------------------------------------------------------------------------
-# algorithm
-# ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class KLControlConfig:
-    """The coefficient of the KL penalty in the reward (algorithm.use_kl_in_reward)."""
-
-    type: Literal["fixed", "adaptive"] = opt(
-        "fixed", "fixed keeps kl_coef; adaptive steers the observed KL towards target_kl."
-    )
-    kl_coef: float = opt(0.001, "The (initial) KL coefficient beta.")
-    target_kl: float | None = opt(0.1, "Target KL of the adaptive controller.")
-    horizon: int | None = opt(
-        10000, "Samples over which the adaptive controller makes a full correction."
-    )
-
-
-@dataclass
-class FilterGroupsConfig:
-    """DAPO dynamic sampling: drop groups whose responses all score the same."""
-
-    enable: bool = opt(False, "Drop zero-spread groups and generate more until the batch is full.")
-    metric: str = opt(
-        "seq_reward",
-        "Per-sample value whose spread is tested: seq_reward (sum of token rewards), "
-        "seq_final_reward, or a key the score function returns (acc, score).",
-    )
-    max_num_gen_batches: int = opt(
-        10, "Most generation calls per step before giving up; <= 0 = unlimited."
-    )
-
-
-@dataclass
-class AlgorithmConfig:
-    """Advantages and the KL penalty in the reward."""
-
-    adv_estimator: str = opt(
-        "gae",
-        "Advantage estimator (lmrl.algos registry): gae (needs the critic), grpo, rloo, "
-        "grpo_passk, reinforce_plus_plus, reinforce_plus_plus_baseline, remax, opo.",
-    )
-    gamma: float = opt(1.0, "Discount factor, in [0, 1].")
-    lam: float = opt(1.0, "GAE lambda, in [0, 1]: 1 = Monte Carlo, 0 = one-step TD.")
-    norm_adv_by_std_in_grpo: bool = opt(True, "GRPO divides by the group std; false gives Dr.GRPO.")
-    use_kl_in_reward: bool = opt(
-        False, "Subtract kl_coef * KL(pi_old || pi_ref) from the token rewards."
-    )
-    kl_penalty: str = opt(
-        "kl", "KL estimator for the reward penalty: kl (k1), abs, mse (k2), low_var_kl (k3)."
-    )
-    kl_ctrl: KLControlConfig = opt(KLControlConfig(), "KL coefficient controller.")
-    filter_groups: FilterGroupsConfig = opt(FilterGroupsConfig(), "DAPO dynamic sampling.")
-
-
-# ------------------------------------------------------------------------------------------
-# actor and critic
-# ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class OptimConfig:
-    """AdamW with linear warmup and a constant or cosine schedule."""
-
-    lr: float = opt(1e-6, "Peak learning rate.")
-    weight_decay: float = opt(0.01, "AdamW weight decay.")
-    betas: list[float] = opt([0.9, 0.999], "AdamW betas [beta1, beta2].")
-    lr_warmup_steps: int = opt(-1, "Linear warmup steps; negative = use lr_warmup_steps_ratio.")
-    lr_warmup_steps_ratio: float = opt(
-        0.0, "Warmup as a fraction of the total training steps, in [0, 1]."
-    )
-    lr_scheduler: Literal["constant", "cosine"] = opt(
-        "constant", "Schedule after warmup (verl: warmup_style / lr_scheduler_type)."
-    )
-    min_lr_ratio: float = opt(
-        0.0, "cosine: the final learning rate as a fraction of lr, in [0, 1]."
-    )
-
-
-@dataclass
-class PolicyLossConfig:
-    """Which policy loss, and its own hyperparameters."""
-
-    loss_mode: str = opt(
-        "vanilla",
-        "Policy loss (lmrl.algos registry): vanilla (PPO clip + dual clip), gspo, geo_mean "
-        "(GMPO), cispo, sapo, clip_cov, kl_cov, reinforce.",
-    )
-    tau_pos: float = opt(1.0, "sapo: gate temperature for positive advantages.")
-    tau_neg: float = opt(1.05, "sapo: gate temperature for negative advantages.")
-    clip_cov_ratio: float = opt(
-        0.0002,
-        "clip_cov: fraction of the tokens whose gradient is dropped, drawn among those of "
-        "high log-prob/advantage covariance (verl's default suits 10^5+ tokens a batch).",
-    )
-    clip_cov_lb: float = opt(1.0, "clip_cov: only tokens with covariance above this.")
-    clip_cov_ub: float = opt(5.0, "clip_cov: only tokens with covariance below this.")
-    kl_cov_ratio: float = opt(
-        0.0002, "kl_cov: fraction of the tokens, of highest covariance, given the KL penalty."
-    )
-    ppo_kl_coef: float = opt(1.0, "kl_cov: weight of the |log-ratio| penalty.")
-
-
-@dataclass
-class FSDPConfig:
-    """Sharding options of ``strategy=fsdp2`` (verl's ``fsdp_config``)."""
-
-    param_offload: bool = opt(
-        False, "Keep sharded parameters (and gradients) on the CPU between uses (fsdp2)."
-    )
-    optimizer_offload: bool = opt(
-        False, "Keep the sharded optimizer state on the CPU; the step runs there (fsdp2)."
-    )
-
-
-Strategy = Literal["ddp", "fsdp2", "fsdp"]
-
-
-@dataclass
-class ActorConfig:
-    """The policy update: batching, the PPO loss, entropy and KL terms, the optimizer."""
-
-    ppo_mini_batch_size: int = opt(
-        256,
-        "Prompts per optimizer step (times rollout.n sequences); data.train_batch_size "
-        "must be a multiple of it.",
-    )
-    ppo_micro_batch_size: int | None = opt(
-        None,
-        "Sequences per forward/backward pass (per device), gradients accumulated; "
-        "null = the whole mini-batch at once.",
-    )
-    ppo_epochs: int = opt(1, "Passes over each batch of rollouts.")
-    shuffle: bool = opt(False, "Shuffle sequences before cutting mini-batches.")
-    clip_ratio: float = opt(0.2, "PPO clip range epsilon: the ratio is kept in [1-eps, 1+eps].")
-    clip_ratio_low: float | None = opt(None, "Lower clip range (1 - low); null = clip_ratio.")
-    clip_ratio_high: float | None = opt(
-        None, "Upper clip range (1 + high); null = clip_ratio. DAPO's clip-higher uses 0.28."
-    )
-    clip_ratio_c: float = opt(
-        3.0, "Dual clip: the loss of a negative-advantage token is at most -A * clip_ratio_c; > 1."
-    )
-    loss_agg_mode: str = opt(
-        "token-mean",
-        "How token losses become one number: token-mean, token-sum, seq-mean-token-sum, "
-        "seq-mean-token-mean, seq-mean-token-sum-norm (Dr.GRPO).",
-    )
-    policy_loss: PolicyLossConfig = opt(PolicyLossConfig(), "Policy loss selection.")
-    entropy_coeff: float = opt(0.0, "Weight of the entropy bonus (loss -= coeff * entropy).")
-    use_kl_loss: bool = opt(False, "Add kl_loss_coef * KL(pi || pi_ref) to the loss (GRPO-style).")
-    kl_loss_coef: float = opt(0.001, "Weight of the KL loss.")
-    kl_loss_type: str = opt(
-        "low_var_kl", "KL estimator of the KL loss: kl (k1), abs, mse (k2), low_var_kl (k3)."
-    )
-    optim: OptimConfig = opt(OptimConfig(), "Actor optimizer.")
-    grad_clip: float = opt(1.0, "Clip the global gradient norm to this value.")
-    strategy: Strategy = opt(
-        "ddp",
-        "Data parallelism under trainer.backend=ray: ddp = replicated weights, gradients "
-        "all-reduced; fsdp2 = parameters, gradients and optimizer state sharded (PyTorch "
-        "fully_shard); fsdp = verl's name for it, the same as fsdp2. One process "
-        "(backend=local) ignores it.",
-    )
-    fsdp_config: FSDPConfig = opt(FSDPConfig(), "fsdp2 offload options.")
-    state_masking: bool = opt(
-        True,
-        "Multi-turn: tool observations are not trained (False in response_mask, Search-R1's "
-        "info_mask); false trains them as if generated.",
-    )
-
-
-@dataclass
-class CriticModelConfig:
-    """The value model: a language model with a scalar head."""
-
-    path: str | None = opt(None, "Model directory; null = model.path (the actor's).")
-    enable_gradient_checkpointing: bool | None = opt(
-        None, "null = model.enable_gradient_checkpointing."
-    )
-
-
-@dataclass
-class CriticConfig:
-    """The value function (PPO with GAE): its model, batching, clipped value loss, optimizer."""
-
-    enable: bool | None = opt(
-        None, "Train a critic; null = on exactly when the advantage estimator needs values (gae)."
-    )
-    model: CriticModelConfig = opt(CriticModelConfig(), "Critic model.")
-    optim: OptimConfig = opt(OptimConfig(lr=1e-5), "Critic optimizer.")
-    ppo_epochs: int | None = opt(None, "Passes over each batch; null = actor.ppo_epochs.")
-    ppo_mini_batch_size: int | None = opt(
-        None, "Prompts per critic optimizer step (times rollout.n); null = actor's."
-    )
-    ppo_micro_batch_size: int | None = opt(
-        None, "Sequences per forward/backward pass (per device); null = the whole mini-batch."
-    )
-    forward_micro_batch_size: int | None = opt(
-        None, "Sequences per forward pass when computing values; null = ppo_micro_batch_size."
-    )
-    shuffle: bool | None = opt(None, "Shuffle before cutting mini-batches; null = actor's.")
-    cliprange_value: float = opt(
-        0.5, "Value clipping: new values stay within old +- cliprange_value."
-    )
-    loss_agg_mode: str | None = opt(
-        None, "Aggregation of the value loss; null = actor.loss_agg_mode."
-    )
-    grad_clip: float = opt(1.0, "Clip the critic's global gradient norm to this value.")
-    strategy: Strategy = opt(
-        "ddp", "Data parallelism of the critic under Ray (see actor.strategy)."
-    )
-    fsdp_config: FSDPConfig = opt(FSDPConfig(), "fsdp2 offload options of the critic.")
-
-
-@dataclass
-class RefConfig:
-    """The reference policy (frozen initial actor, or the actor with LoRA disabled)."""
-
-    log_prob_micro_batch_size: int | None = opt(
-        None, "Sequences per forward pass; null = rollout.log_prob_micro_batch_size."
-    )
-
-
-# ------------------------------------------------------------------------------------------
 # trainer and resources
 # ------------------------------------------------------------------------------------------
 
-LoggerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
-
 
 @dataclass
-class TrainerConfig:
-    """The run: its length, directory, checkpoints, validation, logging, device."""
+class TrainerConfig(RunSettings):
+    """The run: its length, directory, checkpoints, validation, logging, device, backend."""
 
-    project_name: str = opt("lmrl", "Project name (loggers, default run directory).")
-    experiment_name: str = opt("default", "Experiment name (loggers, default run directory).")
-    default_local_dir: str | None = opt(
-        None,
-        "Run directory: resolved config, metrics.jsonl, generations and checkpoints; "
-        "null = checkpoints/<project_name>/<experiment_name>.",
-    )
     total_epochs: int = opt(30, "Passes over the training prompts.")
-    total_training_steps: int | None = opt(
-        None, "Stop after this many steps; null = total_epochs worth of steps."
-    )
-    save_freq: int = opt(-1, "Checkpoint every this many steps (and at the end); <= 0 = end only.")
-    test_freq: int = opt(-1, "Validate every this many steps (and at the end); <= 0 = end only.")
-    val_before_train: bool = opt(True, "Validate once before the first step.")
-    resume_mode: str = opt(
-        "auto",
-        "auto = resume from the latest checkpoint in the run directory if any; disable = start "
-        "fresh; or a checkpoint path.",
-    )
-    max_ckpt_to_keep: int | None = opt(None, "Keep the newest this many checkpoints; null = all.")
-    logger: list[LoggerName] = opt(
-        ["console"],
-        "Any of console, jsonl, tensorboard, wandb, mlflow (metrics.jsonl is always written).",
-    )
-    log_generations_freq: int = opt(
-        0, "Dump sample generations (prompt, response, score) every this many steps; 0 = never."
-    )
-    seed: int = opt(42, "Global seed (model init heads, sampling, data order).")
-    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = cuda when available, else cpu.")
     backend: Literal["local", "ray"] = opt(
         "local", "local = one process; ray = worker groups as Ray actors (resources section)."
     )
     critic_warmup: int = opt(0, "Steps that update only the critic before the actor starts.")
-    allow_config_change: bool = opt(
-        False,
-        "Resuming with settings that differ from the run's config.yaml: false = refuse, naming "
-        "each changed key; true = apply them in full (the old file is kept as "
-        "config.step<N>.yaml).",
-    )
 
 
 @dataclass
@@ -647,13 +402,11 @@ class ResourcesConfig:
 class RetrieverConfig:
     """The search tool's passages: a local corpus searched with BM25, or a retrieval server."""
 
-    corpus: str | None = opt(
+    source: str | None = opt(
         None,
-        "Passages file (parquet or JSONL; columns contents, or text and title) indexed with "
-        "BM25 when the run starts.",
-    )
-    url: str | None = opt(
-        None, "A Search-R1 retrieval server (POST queries/topk) instead of a local corpus."
+        "Where passages come from: a file (parquet or JSONL; columns contents, or text and "
+        "title) indexed with BM25 when the run starts, or the http(s) URL of a Search-R1 "
+        "retrieval server (POST queries/topk). Search-R1's retriever.url maps here.",
     )
     topk: int = opt(3, "Passages returned per query.")
 
@@ -674,3 +427,35 @@ class Config:
     retriever: RetrieverConfig = opt(RetrieverConfig(), "The search tool's passages.")
     trainer: TrainerConfig = opt(TrainerConfig(), "The run.")
     resources: ResourcesConfig = opt(ResourcesConfig(), "Placement.")
+
+
+__all__ = [
+    "ActorConfig",
+    "AlgorithmConfig",
+    "Config",
+    "CriticConfig",
+    "CriticModelConfig",
+    "CustomRewardFunctionConfig",
+    "DataConfig",
+    "FilterGroupsConfig",
+    "KLControlConfig",
+    "ModelConfig",
+    "MultiTurnConfig",
+    "OptimConfig",
+    "OverlongBufferConfig",
+    "PolicyLossConfig",
+    "PythonToolOptions",
+    "RefConfig",
+    "ResourcesConfig",
+    "RetrieverConfig",
+    "RewardConfig",
+    "RewardModelConfig",
+    "RewardModelModelConfig",
+    "RolloutConfig",
+    "RolloutCorrectionConfig",
+    "RunSettings",
+    "TrainerConfig",
+    "VLLMOptions",
+    "ValKwargsConfig",
+    "opt",
+]

@@ -32,7 +32,8 @@ from lmrl.config.errors import ConfigError
 from lmrl.config.fields import get_path
 from lmrl.config.help import key_lines, rename_lines
 from lmrl.config.loader import ConfigKind, load_config
-from lmrl.config.schema import LoggerName, ModelConfig, OptimConfig, opt
+from lmrl.config.run import RUN_CHECKS, RunSettings, default_of, opt
+from lmrl.config.schema import ModelConfig, OptimConfig
 from lmrl.config.validate import range_errors, resolve_run_paths
 from lmrl.config.verl import SFT, renames, translate, verl_spellings
 
@@ -99,31 +100,15 @@ class SFTOptimConfig(OptimConfig):
 
 
 @dataclass
-class SFTTrainerConfig:
+class SFTTrainerConfig(RunSettings):
     """The run: its length, directory, checkpoints, validation, logging, device."""
 
-    project_name: str = opt("lmrl", "Project name (loggers, default run directory).")
-    experiment_name: str = opt("sft", "Experiment name (loggers, default run directory).")
-    default_local_dir: str | None = opt(
-        None,
-        "Run directory: config.yaml, metrics.jsonl, global_step_N/ and final/ (the model path "
-        "to give `lmrl train model.path=...`); null = checkpoints/<project_name>/<experiment_name>.",
+    experiment_name: str = default_of(RunSettings, "experiment_name", "sft")
+    val_before_train: bool = default_of(RunSettings, "val_before_train", False)
+    seed: int = default_of(
+        RunSettings, "seed", 42, "Global seed (data order, dropout, LoRA initialization)."
     )
     total_epochs: int = opt(1, "Passes over the training examples.")
-    total_training_steps: int | None = opt(
-        None, "Stop after this many optimizer steps; null = total_epochs worth of steps."
-    )
-    save_freq: int = opt(
-        -1, "Save the model to global_step_N every this many steps; <= 0 = final/ only."
-    )
-    test_freq: int = opt(
-        -1, "Validation loss every this many steps (and at the end); <= 0 = end only."
-    )
-    seed: int = opt(42, "Global seed (data order, dropout, LoRA initialization).")
-    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = cuda when available, else cpu.")
-    logger: list[LoggerName] = opt(
-        ["console"], "console prints a compact line per step; metrics.jsonl is always written."
-    )
 
 
 @dataclass
@@ -182,9 +167,7 @@ def validate_sft_config(cfg: SFTConfig, *, notices: list[str] | None = None) -> 
         ),
         ("optim.grad_clip", lambda x: x > 0, "must be > 0 (e.g. 1.0)"),
         ("trainer.total_epochs", lambda x: x >= 1, "must be >= 1"),
-        ("trainer.total_training_steps", lambda x: x is None or x >= 1, "must be >= 1 (or null)"),
-        ("trainer.save_freq", lambda x: x >= -1, "must be >= 1, or -1/0 = final only"),
-        ("trainer.test_freq", lambda x: x >= -1, "must be >= 1, or -1/0 = end only"),
+        *RUN_CHECKS,
     )
     errors = range_errors(cfg, checks)
     if cfg.model.lora_rank > 0 and not cfg.model.lora_alpha > 0:

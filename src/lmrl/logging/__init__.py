@@ -2,12 +2,14 @@
 
 ``make_trackers(cfg.trainer.logger, run_dir, ...)`` (:mod:`lmrl.logging.factory`) builds
 them all before training; ``lmrl.logging.plot.plot_run`` draws a run's ``metrics.jsonl``
-(imported on its own, so the trainer never loads matplotlib). Of lmrl, this package imports
-only the error types of ``lmrl.errors``.
+(imported on its own, so the trainer never loads matplotlib). ``configure_logging(level)``
+(:mod:`lmrl.logging.configure`) shows lmrl's own log records without raising other
+libraries' levels. Of lmrl, this package imports only the error types of ``lmrl.errors``.
 
 Inside lmrl, ``import logging`` is still the standard library: imports are absolute.
 """
 
+from lmrl.logging.configure import configure_logging
 from lmrl.logging.console import ConsoleTracker, summarize
 from lmrl.logging.factory import TRACKERS, make_trackers
 from lmrl.logging.trackers import (
@@ -32,6 +34,7 @@ __all__ = [
     "Tracker",
     "TrackerUnavailableError",
     "WandbTracker",
+    "configure_logging",
     "make_trackers",
     "summarize",
 ]

@@ -10,8 +10,8 @@ A line shows only what is present, in this order: score (``critic/score/mean``),
 failures when there are any (``reward errors 16/16, timeouts 0``: ``reward/errors`` out of
 ``reward/scored``, ``reward/timeouts``), acc (``reward/acc/mean``), len
 (``response_length/mean``), kl (``actor/kl_loss``, else ``actor/reward_kl_penalty``), ppo_kl,
-entropy, clipfrac (``actor/pg_clipfrac``), step time, then the validation metrics grouped by
-data source.
+entropy, clipfrac (``actor/pg_clipfrac``), an SFT run's loss, validation loss, gradient norm
+and learning rate (``sft/*``), step time, then the validation metrics grouped by data source.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ SUMMARY_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ppo_kl", ("actor/ppo_kl",)),
     ("entropy", ("actor/entropy",)),
     ("clipfrac", ("actor/pg_clipfrac",)),
+    ("loss", ("sft/loss",)),  # lmrl sft
+    ("val_loss", ("val/sft_loss",)),
+    ("grad_norm", ("sft/grad_norm",)),
+    ("lr", ("sft/lr",)),
 )
 _VAL_KEY = re.compile(r"^val/(?P<source>.+?)/(?P<name>acc|mean@\d+|pass@\d+|reward/mean)$")
 

@@ -9,10 +9,13 @@ instead: turns and tool calls per sample, the answered and valid-call fractions)
 of ``lmrl train-flow`` (``flow/*`` metrics) has its own panels after the reward: the reward's
 checks, time per step, KL, zero-spread groups with the gradient norm, and the clip fraction.
 A panel without data says "no data"
-rather than staying blank, so a missing metric is visible; ppo_kl and the clip fractions of a
-run with one on-policy update per batch say they are 0 by construction instead of drawing a
-flat 0. Optional smoothing is TensorBoard's debiased exponential moving average, drawn over
-the faint raw curve.
+rather than staying blank, so a missing metric is visible. The KL and clip-fraction panels are
+empty by construction in many runs (one on-policy update per batch: ppo_epochs=1 and one
+mini-batch make the PPO ratio 1, so ppo_kl and the clip fractions are 0; no KL loss or KL
+penalty: no KL at all). Such a panel, with nothing but zeros to draw, shows the gradient norm
+(in place of KL) and the seconds per step (in place of the clip fraction) instead, its legend
+saying why. Optional smoothing is TensorBoard's debiased exponential moving average, drawn
+over the faint raw curve.
 
 The figure is built with ``matplotlib.figure.Figure`` and the Agg canvas directly, never
 pyplot, so plotting changes no global backend state and needs no display.
@@ -24,6 +27,7 @@ import json
 import logging
 import math
 import re
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -158,12 +162,20 @@ class _Panel:
                          label=label, **style)  # fmt: skip
             self.drawn += 1
 
-    def finish(self, extra_handles_from: Axes | None = None, empty: str = "no data") -> None:
-        """Legend, or ``empty`` written across a panel with nothing drawn."""
+    def headroom(self, fraction: float = 0.45) -> None:
+        """Room above the curves for the legend, so that it covers none of them."""
+        low, high = self.ax.get_ylim()
+        self.ax.set_ylim(low, high + fraction * (high - low))
+
+    def finish(
+        self, extra_handles_from: Axes | None = None, empty: str = "no data", note: str = ""
+    ) -> None:
+        """Legend (titled ``note``, if any), or ``empty`` written across a panel with nothing
+        drawn; both wrapped to the panel's width."""
         if not self.drawn:
-            self.ax.text(0.5, 0.5, empty, transform=self.ax.transAxes, ha="center",
-                         va="center", fontsize=13 if empty == "no data" else 9,
-                         color="0.45", wrap=True)  # fmt: skip
+            text = textwrap.fill(empty, 34, break_on_hyphens=False)
+            self.ax.text(0.5, 0.5, text, transform=self.ax.transAxes, ha="center", va="center",
+                         fontsize=13 if empty == "no data" else 9, color="0.45")  # fmt: skip
             self.ax.set_yticks([])
             self.ax.set_xticks([])
             return
@@ -172,7 +184,9 @@ class _Panel:
             h2, l2 = extra_handles_from.get_legend_handles_labels()
             handles, labels = handles + h2, labels + l2
         if handles:
-            self.ax.legend(handles, labels, fontsize=8, loc="best", framealpha=0.85)
+            title = textwrap.fill(note, 36, break_on_hyphens=False) or None
+            self.ax.legend(handles, labels, fontsize=8, loc="best", framealpha=0.85,
+                           title=title, title_fontsize=7.5)  # fmt: skip
 
 
 def _val_keys(series: Series) -> dict[str, dict[str, str]]:
@@ -183,6 +197,11 @@ def _val_keys(series: Series) -> dict[str, dict[str, str]]:
         if match:
             out.setdefault(match["source"], {})[match["name"]] = key
     return out
+
+
+def _nonzero(series: Series, key: str) -> bool:
+    """``key`` was logged and is not 0 at every step (a flat 0 is a panel with nothing to show)."""
+    return key in series and bool(np.any(np.nan_to_num(series[key][1]) != 0))
 
 
 def _one_on_policy_update(series: Series) -> bool:
@@ -249,18 +268,31 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
     p.finish(extra_handles_from=twin)
 
     # one on-policy update per batch: the PPO ratio is exactly 1, so ppo_kl and the clip
-    # fractions are 0 by construction; say so rather than draw a flat line
+    # fractions are 0 by construction; a panel of flat zeros shows something else instead
     on_policy = _one_on_policy_update(series)
-    by_construction = (
-        "0 by construction: one on-policy update per batch\n(ppo_epochs=1, one mini-batch), "
-        "so the PPO ratio is 1"
-    )
-    p = _Panel(axes[1, 0], series, smooth, "KL", "KL")
+    by_construction = "0 by construction: one on-policy update per batch (ppo_epochs=1, one "
+    by_construction += "mini-batch), so the PPO ratio is 1"
+    kl_lines = [("actor/kl_loss", "kl_loss (policy || ref)", "C1"),
+                ("actor/reward_kl_penalty", "reward_kl_penalty", "C2")]  # fmt: skip
     if not on_policy:
-        p.line("actor/ppo_kl", "ppo_kl (old -> new policy)", color="C0")
-    p.line("actor/kl_loss", "kl_loss (policy || ref)", color="C1")
-    p.line("actor/reward_kl_penalty", "reward_kl_penalty", color="C2")
-    p.finish(empty=f"ppo_kl: {by_construction}" if on_policy else "no data")
+        kl_lines.insert(0, ("actor/ppo_kl", "ppo_kl (old -> new policy)", "C0"))
+    if not any(_nonzero(series, key) for key, _, _ in kl_lines) and _nonzero(
+        series, "actor/grad_norm"
+    ):
+        p = _Panel(axes[1, 0], series, smooth, "Gradient norm", "L2 norm before clipping")
+        p.line("actor/grad_norm", "actor gradient norm", color="C0")
+        p.line("critic/grad_norm", "critic gradient norm", color="C1")
+        why = ["ppo_kl: 0 by construction"] if on_policy else []
+        why += ["ppo_kl: 0"] if not on_policy and "actor/ppo_kl" in series else []
+        terms = any(key in series for key in ("actor/kl_loss", "actor/reward_kl_penalty"))
+        why += ["KL terms: 0" if terms else "no KL loss or penalty"]
+        p.headroom()
+        p.finish(note=f"instead of KL ({'; '.join(why)})")
+    else:
+        p = _Panel(axes[1, 0], series, smooth, "KL", "KL")
+        for key, label, color in kl_lines:
+            p.line(key, label, color=color)
+        p.finish(empty=f"ppo_kl: {by_construction}" if on_policy else "no data")
 
     p = _Panel(axes[1, 1], series, smooth, "Entropy", "nats / token")
     p.line("actor/entropy", "actor entropy", color="C4")
@@ -284,13 +316,30 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
             fig.suptitle(title, fontsize=13)
         return fig
 
-    p = _Panel(axes[1, 2], series, smooth, "Clip fraction", "fraction of tokens")
-    if not on_policy:
-        p.line("actor/pg_clipfrac", "pg_clipfrac", color="C5")
-        p.line("actor/pg_clipfrac_lower", "pg_clipfrac_lower (dual clip)", color="C6")
-    if p.drawn:
+    clip_lines = [("actor/pg_clipfrac", "pg_clipfrac", "C5"),
+                  ("actor/pg_clipfrac_lower", "pg_clipfrac_lower (dual clip)", "C6")]  # fmt: skip
+    clip_lines = [] if on_policy else clip_lines
+    if not any(_nonzero(series, key) for key, _, _ in clip_lines) and _nonzero(
+        series, "timing_s/step"
+    ):
+        p = _Panel(axes[1, 2], series, smooth, "Time per step", "seconds")
+        for key, label, color in [("timing_s/step", "step", "C0"),
+                                  ("timing_s/gen", "generation", "C1"),
+                                  ("timing_s/update_actor", "actor update", "C2")]:  # fmt: skip
+            p.line(key, label, color=color)
         p.ax.set_ylim(bottom=0)
-    p.finish(empty=by_construction if on_policy else "no data")
+        why = "0 by construction"
+        if not on_policy:
+            why = "nothing clipped" if "actor/pg_clipfrac" in series else "not logged"
+        p.headroom()
+        p.finish(note=f"instead of the clip fraction ({why})")
+    else:
+        p = _Panel(axes[1, 2], series, smooth, "Clip fraction", "fraction of tokens")
+        for key, label, color in clip_lines:
+            p.line(key, label, color=color)
+        if p.drawn:
+            p.ax.set_ylim(bottom=0)
+        p.finish(empty=by_construction if on_policy else "no data")
 
     if title:
         fig.suptitle(title, fontsize=13)

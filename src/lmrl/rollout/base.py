@@ -150,6 +150,10 @@ class RolloutEngine(ABC):
             A `Batch` of B*n rows in the layout of this module's docstring.
         """
 
+    def close(self) -> None:  # noqa: B027  (a no-op that engines with state override)
+        """Free what the engine holds of its own (a vLLM engine, tool processes); an engine
+        that generates with the actor's module holds nothing."""
+
     @abstractmethod
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Load the actor's current weights into the engine's copy of the model.

@@ -38,18 +38,9 @@ def _vllm_engine(model: nn.Module, tokenizer=None, **options) -> RolloutEngine:
 
 
 def _vllm_options(cfg) -> dict:
-    r = cfg.rollout
-    return {
-        "model_path": cfg.model.path,
-        "max_model_len": r.max_model_len
-        or cfg.data.max_prompt_length + cfg.data.max_response_length,
-        "gpu_memory_utilization": r.gpu_memory_utilization,
-        "tensor_model_parallel_size": r.tensor_model_parallel_size,
-        "max_num_batched_tokens": r.max_num_batched_tokens,
-        "enforce_eager": r.enforce_eager,
-        "free_cache_engine": r.free_cache_engine,
-        "dtype": r.dtype,
-    }
+    v = cfg.rollout.vllm  # its options, named as VLLMEngine's keyword arguments
+    max_model_len = v["max_model_len"] or cfg.data.max_prompt_length + cfg.data.max_response_length
+    return {**v, "model_path": cfg.model.path, "max_model_len": max_model_len}
 
 
 # an engine's settings beyond the model, tokenizer and seed, read from a run's config
@@ -92,12 +83,18 @@ def with_tools(cfg, engine: RolloutEngine, tokenizer) -> RolloutEngine:
     from lmrl.tools.loading import load_tools
 
     r = cfg.retriever
+    server = isinstance(r.source, str) and r.source.startswith(("http://", "https://"))
+    python = mt.python
     options = {
-        "search": {"corpus": r.corpus, "url": r.url, "topk": r.topk},
+        "search": {
+            "corpus": None if server else r.source,
+            "url": r.source if server else None,
+            "topk": r.topk,
+        },
         "python": {
-            "timeout_s": mt.python_timeout_s,
-            "cpu_s": max(1, math.ceil(mt.python_timeout_s)),
-            "memory_mb": mt.python_memory_mb,
+            "timeout_s": python["timeout_s"],
+            "cpu_s": max(1, math.ceil(python["timeout_s"])),
+            "memory_mb": python["memory_mb"],
         },
     }
     tools = load_tools(

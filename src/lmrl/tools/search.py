@@ -1,12 +1,12 @@
 """The ``search`` tool: BM25 over a local corpus, or a Search-R1-style retrieval server.
 
-Corpus (``retriever.corpus``): a parquet or JSONL file of passages, one per row, with either
-``contents`` (Search-R1's wiki dump: the title on the first line, the text after) or ``text``
+Corpus (``retriever.source``, a file): a parquet or JSONL file of passages, one per row, with
+either ``contents`` (Search-R1's wiki dump: the title on the first line, the text after) or ``text``
 and an optional ``title``. The index is built with ``bm25s`` (a maintained BM25 on numpy)
 when the tool is made; building it is deterministic, so a resumed run rebuilds the same one.
 
-Server (``retriever.url``): the request Search-R1's ``retrieval_server.py`` answers,
-``POST {"queries": [...], "topk": k, "return_scores": true}`` with the answer
+Server (``retriever.source``, an http(s) URL): the request Search-R1's ``retrieval_server.py``
+answers, ``POST {"queries": [...], "topk": k, "return_scores": true}`` with the answer
 ``{"result": [[{"document": {"contents": ...}, "score": ...}, ...], ...]}``, one list per
 query. Every query of a turn goes in one request.
 
@@ -37,11 +37,11 @@ def load_corpus(path: str | Path) -> list[dict[str, str]]:
     """
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"retriever.corpus: no such file {str(path)!r}")
+        raise ValueError(f"retriever.source: no such file {str(path)!r}")
     suffix = path.suffix.lower()
     if suffix not in (".parquet", ".jsonl", ".json"):
         raise ValueError(
-            f"retriever.corpus {str(path)!r}: unknown format {suffix!r} (parquet or jsonl)"
+            f"retriever.source {str(path)!r}: unknown format {suffix!r} (parquet or jsonl)"
         )
     try:
         if suffix == ".parquet":
@@ -52,23 +52,23 @@ def load_corpus(path: str | Path) -> list[dict[str, str]]:
             with path.open(encoding="utf-8") as f:
                 rows = [json.loads(line) for line in f if line.strip()]
     except Exception as err:  # OSError, JSONDecodeError, pyarrow's own errors
-        raise ValueError(f"retriever.corpus {str(path)!r} cannot be read: {err}") from None
+        raise ValueError(f"retriever.source {str(path)!r} cannot be read: {err}") from None
     passages = []
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
-            raise ValueError(f"retriever.corpus {str(path)!r} row {i} is not an object")
+            raise ValueError(f"retriever.source {str(path)!r} row {i} is not an object")
         if row.get("contents") is not None:
             title, _, text = str(row["contents"]).partition("\n")
         elif row.get("text") is not None:
             title, text = str(row.get("title") or ""), str(row["text"])
         else:
             raise ValueError(
-                f"retriever.corpus {str(path)!r} row {i} has neither 'contents' nor 'text' "
+                f"retriever.source {str(path)!r} row {i} has neither 'contents' nor 'text' "
                 f"(columns: {sorted(row)})"
             )
         passages.append({"title": title, "text": text})
     if not passages:
-        raise ValueError(f"retriever.corpus {str(path)!r} holds no passages")
+        raise ValueError(f"retriever.source {str(path)!r} holds no passages")
     return passages
 
 
@@ -109,8 +109,8 @@ class SearchTool(Tool):
     ) -> None:
         if (corpus is None) == (url is None):
             raise ValueError(
-                "the search tool needs exactly one of retriever.corpus (a local passages file) "
-                "and retriever.url (a retrieval server)"
+                "the search tool needs exactly one of corpus (a local passages file) and url "
+                "(a retrieval server): retriever.source"
             )
         if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
             raise ValueError(f"retriever.topk must be an int >= 1, got {topk!r}")

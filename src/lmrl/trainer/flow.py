@@ -27,7 +27,7 @@ import hashlib
 import logging
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,10 +35,9 @@ import numpy as np
 import torch
 
 from lmrl.config.flow import FlowConfig
-from lmrl.config.loader import save_config
 from lmrl.data.sampler import PromptSampler
 from lmrl.data.shapes import ATTRIBUTES, NUM_ATTRIBUTES, attribute_vector
-from lmrl.errors import CheckpointError, DataError, ModelError
+from lmrl.errors import DataError, ModelError
 from lmrl.flow.ema import WeightEMA
 from lmrl.flow.grpo import FlowGRPO, FlowGRPOConfig, flow_advantages
 from lmrl.flow.image_model import ImageFlow
@@ -46,13 +45,21 @@ from lmrl.flow.rewards import load_image_reward
 from lmrl.flow.rollout import FlowSampler
 from lmrl.logging import make_trackers
 from lmrl.models.loading import resolve_device
-from lmrl.trainer.checkpoint import latest_checkpoint, load_state, read_weights, save_checkpoint
+from lmrl.trainer.checkpoint import (
+    load_state,
+    read_weights,
+    rng_state,
+    set_rng_state,
+    write_dir_atomically,
+)
+from lmrl.trainer.health import RunHealth
+from lmrl.trainer.loop import RunLoop, StepEnd, resume
 from lmrl.trainer.metrics import zero_spread_fraction
-from lmrl.trainer.resume import check_run_dir
+from lmrl.trainer.resume import RunStart, open_run
 
 log = logging.getLogger("lmrl.flow")
 
-__all__ = ["FlowTrainer", "image_grid", "read_prompts"]
+__all__ = ["FlowParts", "FlowTrainer", "build_flow", "image_grid", "read_prompts"]
 
 
 def read_prompts(files: str | list[str]) -> list[dict[str, Any]]:
@@ -110,95 +117,155 @@ def _seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "little")
 
 
-class FlowTrainer:
-    """A Flow-GRPO run from a resolved ``FlowConfig``; ``fit()`` runs it all.
+@dataclass(frozen=True)
+class FlowParts:
+    """What a Flow-GRPO run is made of (`build_flow`); tests may hand in fakes (any image
+    model, reward or sampler of the same methods).
 
-    Raises (from the constructor):
+    Attributes:
+        config: the resolved ``FlowConfig``.
+        start: the run directory, resume point and config changes.
+        train_prompts, val_prompts: prompt rows (`read_prompts`; ``val_prompts`` may be []).
+        model: the image model trained (LoRA-wrapped when ``model.lora_rank > 0``).
+        image_shape: ``(C, H, W)`` of its images.
+        device: where it computes.
+        sampler, val_sampler: the SDE sampler of training and the ODE sampler of validation.
+        optimizer: AdamW over the trained parameters.
+        update: the Flow-GRPO update (``lmrl.flow.FlowGRPO``).
+        ema: the weights' moving average, or None.
+        reward: the image reward (``score(pixels, prompts, metadata) -> (scores, extras)``).
+        prompt_order: the resumable order of the training prompts.
+        trackers: the loggers of ``trainer.logger``.
+    """
+
+    config: FlowConfig
+    start: RunStart
+    train_prompts: list[dict[str, Any]]
+    val_prompts: list[dict[str, Any]]
+    model: torch.nn.Module
+    image_shape: tuple[int, int, int]
+    device: torch.device
+    sampler: FlowSampler
+    val_sampler: FlowSampler
+    optimizer: torch.optim.Optimizer
+    update: FlowGRPO
+    ema: WeightEMA | None
+    reward: Any
+    prompt_order: PromptSampler
+    trackers: Any
+
+
+def build_flow(cfg: FlowConfig) -> FlowParts:
+    """Assemble a Flow-GRPO run from a resolved config, cheapest failure first: the run
+    directory and resume point, the prompts, the model, the update, the reward, the trackers.
+
+    Raises:
         DataError: unreadable prompts, or fewer than ``data.train_batch_size`` of them;
         ModelError: no image model at ``model.path``, or one conditioned on another vector,
             or trainer.device=cuda without CUDA;
-        CheckpointError: an unwritable run directory; RewardError: a bad reward.
+        CheckpointError: an unwritable run directory or a refused resume; RewardError: a bad
+            reward.
+    """
+    t, s, a = cfg.trainer, cfg.sampler, cfg.actor
+    start = open_run(cfg, "lmrl train-flow")
+    torch.manual_seed(t.seed)
+    train_prompts = read_prompts(cfg.data.train_files)
+    val_prompts = read_prompts(cfg.data.val_files) if cfg.data.val_files else []
+    if cfg.data.train_batch_size > len(train_prompts):
+        raise DataError(
+            f"data.train_batch_size={cfg.data.train_batch_size} is more than the "
+            f"{len(train_prompts)} prompts of {cfg.data.train_files}"
+        )
+    device = resolve_device(t.device)
+    model = ImageFlow.load(cfg.model.path)
+    if model.config["cond_dim"] != NUM_ATTRIBUTES:
+        raise ModelError(
+            f"model.path={cfg.model.path} is conditioned on {model.config['cond_dim']} "
+            f"values, the prompts' attribute vector has {NUM_ATTRIBUTES}"
+        )
+    c = model.config
+    image_shape = (c["channels"], c["image_size"], c["image_size"])
+    model = model.to(device)
+    reference: Any = None
+    if cfg.model.lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=cfg.model.lora_rank,
+                lora_alpha=cfg.model.lora_alpha,
+                target_modules=list(cfg.model.target_modules),
+            ),
+        )
+        reference = "adapter" if a.beta > 0 else None
+    elif a.beta > 0:
+        reference = copy.deepcopy(model).requires_grad_(False).eval()
+    sampler = FlowSampler(
+        num_steps=s.num_steps, noise_level=s.noise_level, shift=s.shift,
+        sde_start=s.sde_start, sde_steps=s.sde_steps, timestep_fraction=s.timestep_fraction,
+        guidance_scale=s.guidance_scale, reduce=s.logprob_reduce,
+    )  # fmt: skip
+    val_sampler = FlowSampler(
+        num_steps=s.val_num_steps, noise_level=0.0, shift=s.shift,
+        guidance_scale=s.guidance_scale,
+    )  # fmt: skip
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=a.optim.lr, weight_decay=a.optim.weight_decay, betas=tuple(a.optim.betas)
+    )
+    settings = FlowGRPOConfig(
+        clip_range=a.clip_range, adv_clip_max=a.adv_clip_max,
+        norm_adv_by_std=a.norm_adv_by_std, beta=a.beta, std_scale=a.std_scale,
+        mini_batch_size=a.ppo_mini_batch_size, micro_batch_size=a.micro_batch_size,
+        ppo_epochs=a.ppo_epochs, max_grad_norm=a.max_grad_norm,
+    )  # fmt: skip
+    ema = WeightEMA(params, a.ema_decay, a.ema_every) if a.ema else None
+    update = FlowGRPO(model, sampler, optimizer, settings, reference=reference, ema=ema)
+    reward = load_image_reward(cfg.reward.name, cfg.reward.path)
+    prompt_order = PromptSampler(len(train_prompts), cfg.data.train_batch_size, seed=cfg.data.seed)
+    trackers = make_trackers(
+        t.logger, start.run_dir, t.project_name, t.experiment_name, config_dict=asdict(cfg),
+        total_steps=t.total_training_steps,
+        start_step=int(start.resume_from.name.rsplit("_", 1)[1]) if start.resume_from else 0,
+    )  # fmt: skip
+    return FlowParts(
+        config=cfg, start=start, train_prompts=train_prompts, val_prompts=val_prompts,
+        model=model, image_shape=image_shape, device=device, sampler=sampler,
+        val_sampler=val_sampler, optimizer=optimizer, update=update, ema=ema, reward=reward,
+        prompt_order=prompt_order, trackers=trackers,
+    )  # fmt: skip
+
+
+class FlowTrainer:
+    """Flow-GRPO as a program of the run loop (``lmrl.trainer.loop``): the loop brings the
+    cadence, checkpoints with exact resume, signals, health, trackers and ``final/``.
+
+    Args:
+        parts: from `build_flow`; a checkpoint in ``parts.start.resume_from`` is loaded here.
     """
 
-    def __init__(self, cfg: FlowConfig) -> None:
-        self.cfg = cfg
-        t = cfg.trainer
-        self.run_dir = Path(t.default_local_dir)
-        check_run_dir(self.run_dir)
-        torch.manual_seed(t.seed)
-        self.train_prompts = read_prompts(cfg.data.train_files)
-        self.val_prompts = read_prompts(cfg.data.val_files) if cfg.data.val_files else []
-        if cfg.data.train_batch_size > len(self.train_prompts):
-            raise DataError(
-                f"data.train_batch_size={cfg.data.train_batch_size} is more than the "
-                f"{len(self.train_prompts)} prompts of {cfg.data.train_files}"
-            )
-        self.device = resolve_device(t.device)
-        model = ImageFlow.load(cfg.model.path)
-        if model.config["cond_dim"] != NUM_ATTRIBUTES:
-            raise ModelError(
-                f"model.path={cfg.model.path} is conditioned on {model.config['cond_dim']} "
-                f"values, the prompts' attribute vector has {NUM_ATTRIBUTES}"
-            )
-        self.image_shape = (
-            model.config["channels"],
-            model.config["image_size"],
-            model.config["image_size"],
-        )
-        model = model.to(self.device)
-        reference: Any = None
-        if cfg.model.lora_rank > 0:
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=cfg.model.lora_rank,
-                    lora_alpha=cfg.model.lora_alpha,
-                    target_modules=list(cfg.model.target_modules),
-                ),
-            )
-            reference = "adapter" if cfg.actor.beta > 0 else None
-        elif cfg.actor.beta > 0:
-            reference = copy.deepcopy(model).requires_grad_(False).eval()
-        self.model = model
-        s, a = cfg.sampler, cfg.actor
-        self.sampler = FlowSampler(
-            num_steps=s.num_steps, noise_level=s.noise_level, shift=s.shift,
-            sde_start=s.sde_start, sde_steps=s.sde_steps, timestep_fraction=s.timestep_fraction,
-            guidance_scale=s.guidance_scale, reduce=s.logprob_reduce,
-        )  # fmt: skip
-        self.val_sampler = FlowSampler(
-            num_steps=s.val_num_steps, noise_level=0.0, shift=s.shift,
-            guidance_scale=s.guidance_scale,
-        )  # fmt: skip
-        params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=a.optim.lr, weight_decay=a.optim.weight_decay, betas=tuple(a.optim.betas)
-        )
-        update = FlowGRPOConfig(
-            clip_range=a.clip_range, adv_clip_max=a.adv_clip_max,
-            norm_adv_by_std=a.norm_adv_by_std, beta=a.beta, std_scale=a.std_scale,
-            mini_batch_size=a.ppo_mini_batch_size, micro_batch_size=a.micro_batch_size,
-            ppo_epochs=a.ppo_epochs, max_grad_norm=a.max_grad_norm,
-        )  # fmt: skip
-        self.ema = WeightEMA(params, a.ema_decay, a.ema_every) if a.ema else None
-        self.grpo = FlowGRPO(
-            model, self.sampler, self.optimizer, update, reference=reference, ema=self.ema
-        )
-        self.reward = load_image_reward(cfg.reward.name, cfg.reward.path)
-        self.prompts = PromptSampler(
-            len(self.train_prompts), cfg.data.train_batch_size, seed=cfg.data.seed
-        )
+    def __init__(self, parts: FlowParts) -> None:
+        self.parts = parts
+        self.cfg = parts.config
+        self.start = parts.start
+        self.run_dir = parts.start.run_dir
+        self.device = parts.device
+        self.train_prompts, self.val_prompts = parts.train_prompts, parts.val_prompts
+        self.image_shape = parts.image_shape
+        self.model, self.optimizer, self.ema = parts.model, parts.optimizer, parts.ema
+        self.sampler, self.val_sampler = parts.sampler, parts.val_sampler
+        self.grpo, self.reward, self.prompts = parts.update, parts.reward, parts.prompt_order
+        self.trackers = parts.trackers
+        self.total_steps = self.cfg.trainer.total_training_steps
+        self.health = RunHealth(None)
         self.global_step = 0
-        self.history: list[dict[str, float]] = []
-        self._resume()
-        save_config(cfg, self.run_dir / "config.yaml", command="lmrl train-flow")
-        self.tracker = make_trackers(
-            cfg.trainer.logger, self.run_dir, t.project_name, t.experiment_name,
-            config_dict=asdict(cfg), total_steps=t.total_training_steps,
-            start_step=self.global_step,
-        )  # fmt: skip
+        self.loop: RunLoop | None = None
+        resume(self)
+
+    @property
+    def has_validation(self) -> bool:
+        return bool(self.val_prompts)
 
     # ------------------------------------------------------------------ pieces
     def _cond(self, rows: list[dict]) -> torch.Tensor:
@@ -286,70 +353,71 @@ class FlowTrainer:
             **{f"val/{source}/{key.removeprefix('flow/')}": v for key, v in checks.items()},
         }
 
+    def generations(self) -> list[dict]:
+        return []  # the images of each validation are written to samples/step_<N>.png
+
     # ------------------------------------------------------------------ checkpoints
-    def save(self) -> Path:
-        """A checkpoint of the run at ``global_step`` (atomic; see `lmrl.trainer.checkpoint`)."""
+    def checkpoint_weights(self) -> dict[str, dict[str, torch.Tensor]]:
         weights = {
             k: v.detach().to("cpu", copy=True).contiguous()
             for k, v in self.model.state_dict().items()
         }
+        return {"model": weights}
+
+    def state_dict(self) -> dict:
+        """The optimizer, the prompt order, the EMA and the step (the noise of step N is
+        seeded by ``(seed, N)``)."""
         state = {
             "global_step": self.global_step,
             "optimizer": self.optimizer.state_dict(),
             "prompts": self.prompts.state_dict(),
+            "rng": rng_state(),
         }
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
-        return save_checkpoint(self.run_dir, self.global_step, {"model": weights}, state)
+        return state
 
-    def _resume(self) -> None:
-        if self.cfg.trainer.resume_mode != "auto":
-            return
-        path = latest_checkpoint(self.run_dir)
-        if path is None:
-            return
-        try:
-            self.model.load_state_dict(read_weights(path / "model.safetensors"))
-            state = load_state(path)
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.prompts.load_state_dict(state["prompts"])
-            if self.ema is not None:
-                if "ema" not in state:
-                    raise ValueError("it holds no EMA (the run started without actor.ema)")
-                self.ema.load_state_dict(state["ema"])
-        except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(
-                f"cannot resume from {path}: {err} (a checkpoint of another model or config? "
-                "use another trainer.default_local_dir or trainer.resume_mode=disable)"
-            ) from None
+    def load_checkpoint(self, path: Path) -> None:
+        self.model.load_state_dict(read_weights(path / "model.safetensors"))
+        state = load_state(path)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.prompts.load_state_dict(state["prompts"])
+        if self.ema is not None:
+            if "ema" not in state:
+                raise ValueError("it holds no EMA (the run started without actor.ema)")
+            self.ema.load_state_dict(state["ema"])
+        if "rng" in state:
+            set_rng_state(state["rng"])
         self.global_step = int(state["global_step"])
-        log.info("resumed from %s (step %d)", path, self.global_step)
+
+    def export(self) -> Path:
+        """Write ``run_dir/final``: the image model (LoRA merged, the weights' average when
+        ``actor.ema``), loadable as ``model.path`` of another run."""
+        model = self.model
+        with self.ema.applied() if self.ema is not None else nullcontext():
+            if self.cfg.model.lora_rank > 0:
+                model = copy.deepcopy(model).merge_and_unload()
+            image_model = copy.deepcopy(model).to("cpu")
+        return write_dir_atomically(self.run_dir / "final", image_model.save)
+
+    def close(self) -> None:
+        self.trackers.close()
 
     # ------------------------------------------------------------------ the run
-    def fit(self) -> dict[str, Any]:
-        """Run to ``trainer.total_training_steps``: validation at the start, every
-        ``test_freq`` steps and at the end; checkpoints every ``save_freq`` steps and at the end.
-
-        Returns:
-            ``{"history": [metrics per step], "val": {step: metrics}}``.
+    def fit(self, on_step_end: StepEnd | None = None) -> list[dict[str, float]]:
+        """Run to ``trainer.total_training_steps`` on the run loop: validation before, every
+        ``test_freq`` steps and at the end; checkpoints every ``save_freq`` steps and at the
+        end; ``final/``. Returns each step's metrics (`validations` holds the validations).
         """
-        t = self.cfg.trainer
-        val: dict[int, dict[str, float]] = {}
-        try:
-            if self.global_step == 0 and self.val_prompts:
-                val[0] = self.validate()
-                self.tracker.log(val[0], step=0)
-            while self.global_step < t.total_training_steps:
-                metrics = self.step()
-                step = self.global_step
-                last = step == t.total_training_steps
-                if self.val_prompts and (last or (t.test_freq > 0 and step % t.test_freq == 0)):
-                    val[step] = self.validate()
-                    metrics.update(val[step])
-                self.history.append(metrics)
-                self.tracker.log(metrics, step=step)
-                if last or (t.save_freq > 0 and step % t.save_freq == 0):
-                    self.save()
-        finally:
-            self.tracker.close()
-        return {"history": self.history, "val": val}
+        self.loop = RunLoop(self, self.cfg.trainer, on_step_end=on_step_end)
+        return self.loop.run()
+
+    @property
+    def validations(self) -> dict[int, dict[str, float]]:
+        """Validation metrics by step of the last `fit` (0 = before the first step)."""
+        return self.loop.validations if self.loop is not None else {}
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a finished run; 130 (SIGINT) or 143 (SIGTERM) after an interrupted one."""
+        return self.loop.exit_code if self.loop is not None else 0

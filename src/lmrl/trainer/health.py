@@ -189,7 +189,12 @@ class SFTHealth:
         self.losses: list[float] = []
         self.said = False
 
-    def check(self, loss: float | None, lr: float | None = None) -> list[str]:
+    def baseline(self, val_metrics: Mapping[str, float]) -> None:
+        """Nothing to compare with before the first step (the loss is watched alone)."""
+
+    def check(self, metrics: Mapping[str, float]) -> list[str]:
+        """The warning, once, when ``sft/loss`` has not dropped (``sft/lr`` named in it)."""
+        loss, lr = metrics.get("sft/loss"), metrics.get("sft/lr")
         if loss is None or not math.isfinite(loss):
             return []
         self.losses.append(loss)

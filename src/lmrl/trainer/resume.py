@@ -16,17 +16,21 @@ wait. The rules:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from lmrl.config import Config, config_to_dict
-from lmrl.config.loader import yaml_problem
+from lmrl.config.loader import save_config, yaml_problem
 from lmrl.errors import CheckpointError
 from lmrl.trainer.checkpoint import check_checkpoint, latest_checkpoint
+
+log = logging.getLogger("lmrl.trainer")
 
 # keys a resumed run may change without trainer.allow_config_change
 FREE_TO_CHANGE = (
@@ -54,9 +58,9 @@ FREE_TO_CHANGE = (
     "trainer.backend",
     "resources.",
     "actor.strategy",
-    "actor.fsdp_config.",
+    "actor.offload",
     "critic.strategy",
-    "critic.fsdp_config.",
+    "critic.offload",
 )
 
 
@@ -183,9 +187,57 @@ def keep_old_config(run_dir: Path, step: int) -> Path | None:
 
 __all__ = [
     "FREE_TO_CHANGE",
+    "RunStart",
     "check_config_change",
     "check_run_dir",
     "config_changes",
     "keep_old_config",
+    "open_run",
     "resume_point",
 ]
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Where a run starts, decided before any model loads (`open_run`).
+
+    Attributes:
+        run_dir: ``trainer.default_local_dir``.
+        command: the command the run belongs to (``lmrl train``, ``lmrl sft``...), written
+            into ``config.yaml``'s header.
+        config: the resolved config (written as ``config.yaml`` once the run really starts).
+        resume_from: the checkpoint to resume from, or None for a fresh start.
+        config_changes: ``(key, old, new)`` accepted with ``trainer.allow_config_change``.
+    """
+
+    run_dir: Path
+    command: str
+    config: Any
+    resume_from: Path | None = None
+    config_changes: list[tuple[str, Any, Any]] = field(default_factory=list)
+
+    def begin(self, step: int) -> None:
+        """The run really starts: write ``config.yaml``, keeping a changed one's old file as
+        ``config.step<step>.yaml`` and naming each change."""
+        if self.config_changes:
+            kept = keep_old_config(self.run_dir, step)
+            for key, old, new in self.config_changes:
+                log.warning("resumed with %s changed: %r -> %r", key, old, new)
+            log.warning("the previous settings are kept in %s", kept)
+        save_config(self.config, self.run_dir / "config.yaml", command=self.command)
+
+
+def open_run(cfg: Any, command: str) -> RunStart:
+    """Check ``cfg.trainer.default_local_dir`` and decide the resume point (``resume_mode``)
+    and the accepted config changes, before anything is loaded.
+
+    Raises:
+        CheckpointError: an unwritable directory, a resume path that is not a checkpoint, or
+            changed settings without ``trainer.allow_config_change``.
+    """
+    t = cfg.trainer
+    run_dir = Path(t.default_local_dir)
+    check_run_dir(run_dir)
+    resume_from = resume_point(t.resume_mode, run_dir)
+    changes = check_config_change(cfg, resume_from) if resume_from is not None else []
+    return RunStart(run_dir, command, cfg, resume_from, changes)

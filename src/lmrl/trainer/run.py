@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -29,13 +29,18 @@ from lmrl.models import (
 )
 from lmrl.rollout import SamplingParams
 from lmrl.trainer.checkpoint import load_model_state
-from lmrl.trainer.resume import check_config_change, check_run_dir, resume_point
+from lmrl.trainer.resume import RunStart, open_run
 from lmrl.trainer.stages import validate
-from lmrl.workers.actor import ActorWorker
 from lmrl.workers.build import build_workers, seed_everything
-from lmrl.workers.critic import CriticWorker
-from lmrl.workers.reference import ReferenceWorker
 from lmrl.workers.reward import build_reward
+from lmrl.workers.roles import ActorRole, CriticRole, EngineRole, ReferenceRole, RewardRole
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from lmrl.algos.kl import KLController
+    from lmrl.logging.trackers import Tracker
+    from lmrl.workers.backend import RayBackend
 
 log = logging.getLogger("lmrl.trainer")
 
@@ -81,6 +86,28 @@ class StepPlan:
     update_rows: int
     critic_warmup: int
     seed: int
+
+    def old_log_probs_from_update(self, rows: int, step: int, shares_weights: bool) -> bool:
+        """Whether this step's old log-probs are taken from the actor update's own first
+        forward instead of a separate pass: the one place that decides it.
+
+        They are, exactly, when the log-probs are decoupled and the update is a single pass over
+        one mini-batch (one epoch, no KL in the reward: ``update_rows > 0``) of at most
+        ``update_rows`` rows, the actor updates at this step (past ``critic_warmup``), and the
+        engine generated with the actor's own module (``shares_weights``; else the separate
+        pass also measures the engine's gap).
+
+        Args:
+            rows: rows of the step's batch.
+            step: steps done before this one.
+            shares_weights: the rollout engine's ``shares_weights``.
+        """
+        return (
+            self.log_prob_mode == "decoupled"
+            and 0 < rows <= self.update_rows
+            and step >= self.critic_warmup
+            and shares_weights
+        )
 
     @classmethod
     def from_config(cls, cfg: Config) -> StepPlan:
@@ -148,9 +175,11 @@ class RunParts:
         train_data, sampler: training prompts and their resumable order (None for eval).
         val_data: validation prompts, or None.
         policy: the actor's model (the ``hf`` engine generates with this very module).
-        actor, critic, reference: the workers (critic and reference when used).
-        engine: the rollout engine.
-        reward: the reward manager.
+        actor, critic, reference: the workers (critic and reference when used), each of its
+            role's ``Protocol`` (``lmrl.workers.roles``): in-process workers, or a Ray group's
+            stand-ins with the same methods.
+        engine: the rollout engine (``EngineRole``).
+        reward: the reward scoring (``RewardRole``).
         kl_ctrl: the KL-in-reward controller, when ``algorithm.use_kl_in_reward``.
         trackers: the loggers (None for eval).
         total_steps: training steps of the whole run.
@@ -164,20 +193,27 @@ class RunParts:
     run_dir: Path
     resume_from: Path | None
     config_changes: list[tuple[str, Any, Any]]
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase | None
     train_data: RLDataset | None
     sampler: PromptSampler | None
     val_data: RLDataset | None
     policy: torch.nn.Module | None
-    actor: ActorWorker | None
-    critic: CriticWorker | None
-    reference: ReferenceWorker | None
-    engine: Any
-    reward: Any
-    kl_ctrl: Any
-    trackers: Any
+    actor: ActorRole | None
+    critic: CriticRole | None
+    reference: ReferenceRole | None
+    engine: EngineRole
+    reward: RewardRole
+    kl_ctrl: KLController | None
+    trackers: Tracker | None
     total_steps: int
-    backend: Any = None
+    backend: RayBackend | None = None
+
+    @property
+    def start(self) -> RunStart:
+        """The run directory, config and resume point, as the run loop takes them."""
+        return RunStart(
+            self.run_dir, "lmrl train", self.config, self.resume_from, self.config_changes
+        )
 
     def close(self) -> None:
         """Stop the reward workers, close the trackers, free a rollout engine with state of
@@ -187,9 +223,7 @@ class RunParts:
             self.reward.close()
             if self.trackers is not None:
                 self.trackers.close()
-            close_engine = getattr(self.engine, "close", None)
-            if close_engine is not None:
-                close_engine()
+            self.engine.close()
         finally:
             if self.backend is not None:
                 self.backend.close()
@@ -210,10 +244,8 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
     run_dir = Path(cfg.trainer.default_local_dir)
     resume_from, changes = None, []
     if train:
-        check_run_dir(run_dir)
-        resume_from = resume_point(cfg.trainer.resume_mode, run_dir)
-        if resume_from is not None:
-            changes = check_config_change(cfg, resume_from)
+        start = open_run(cfg, "lmrl train")
+        resume_from, changes = start.resume_from, start.config_changes
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
     tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)

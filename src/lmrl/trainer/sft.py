@@ -1,139 +1,176 @@
 """Supervised fine-tuning (``lmrl sft``): the warm start before RL.
 
-``SFTTrainer`` fits a causal LM on ``lmrl.data.SFTDataset`` examples (prompt/response,
+``build_sft(cfg)`` assembles the parts (``SFTParts``) and ``SFTTrainer`` is the program the run
+loop (``lmrl.trainer.loop``) runs over them, as ``lmrl train`` runs the RL ``Trainer``: the same
+signals, checkpoints with exact resume (``trainer.resume_mode=auto``), health checks, trackers
+and progress. It fits a causal LM on ``lmrl.data.SFTDataset`` examples (prompt/response,
 chat-message or verl RL-format rows) and writes a model directory that
-``lmrl train model.path=...`` loads directly. It is assembled from the RL run's parts: the
-model is loaded (and LoRA applied) as ``build_run`` does, the data order is a
-``PromptSampler``, and the loss, optimizer and schedule live in ``lmrl.workers.sft.SFTWorker``
-(a ``TrainableWorker``, like the actor and the critic).
+``lmrl train model.path=...`` loads directly. The model is loaded (and LoRA applied) as
+``build_run`` does, the data order is a ``PromptSampler``, and the loss, optimizer and schedule
+live in ``lmrl.workers.sft.SFTWorker`` (a ``TrainableWorker``, like the actor and the critic).
 
 Choices:
 
 - A step is one optimizer step over ``data.train_batch_size`` examples, collated in
   micro-batches of ``data.micro_batch_size`` (each right-padded to its own longest row) whose
   gradients accumulate to the whole batch's (see ``lmrl.workers.sft``).
-- Exports are plain Hugging Face directories (LoRA merged), written to a temporary directory
-  and renamed, so a killed run never leaves a half-written ``final/``.
+- Checkpoints ``global_step_N`` hold the weights, optimizer, schedule, data order and RNGs
+  (``lmrl.trainer.checkpoint``); the finished model is exported to ``final/`` as a plain
+  Hugging Face directory (LoRA merged), written to a temporary directory and renamed, so a
+  killed run never leaves a half-written ``final/``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import os
-import shutil
-import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from lmrl.config.loader import save_config
 from lmrl.config.sft import SFTConfig
 from lmrl.data.sampler import PromptSampler
 from lmrl.data.sft import SFTDataset
 from lmrl.errors import DataError
 from lmrl.logging import make_trackers
-from lmrl.models.loading import load_causal_lm, load_tokenizer, resolve_device
-from lmrl.models.lora import apply_lora, is_lora, merge_lora
+from lmrl.models.loading import export_pretrained, load_causal_lm, load_tokenizer, resolve_device
+from lmrl.models.lora import apply_lora, merged_state
+from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
 from lmrl.trainer.health import SFTHealth
+from lmrl.trainer.loop import RunLoop, StepEnd, resume
 from lmrl.trainer.metrics import StageTimer, to_floats
-from lmrl.trainer.resume import check_run_dir
-from lmrl.trainer.run import seed_everything
+from lmrl.trainer.resume import RunStart, open_run
+from lmrl.workers.build import seed_everything
 from lmrl.workers.sft import SFTWorker
 
 log = logging.getLogger("lmrl.sft")
 
 
-class SFTTrainer:
-    """Supervised fine-tuning from a resolved ``SFTConfig``: ``fit()`` runs it all.
-
-    Args:
-        cfg: from ``lmrl.config.sft.load_sft_config`` (resolved and validated).
+@dataclass(frozen=True)
+class SFTParts:
+    """What an SFT run is made of (`build_sft`); the program runs over them.
 
     Attributes:
-        run_dir: ``trainer.default_local_dir`` (config.yaml, metrics.jsonl, the exports).
+        config: the resolved ``SFTConfig``.
+        start: the run directory, resume point and config changes.
+        tokenizer: the model's tokenizer.
+        train_data, val_data: the examples (``val_data`` None without validation files).
+        sampler: the resumable order of the training examples.
+        worker: the ``SFTWorker``: the model, its optimizer and schedule, the loss.
+        trackers: the loggers of ``trainer.logger``.
+        total_steps: optimizer steps of the run.
+    """
+
+    config: SFTConfig
+    start: RunStart
+    tokenizer: Any
+    train_data: SFTDataset
+    val_data: SFTDataset | None
+    sampler: PromptSampler
+    worker: SFTWorker
+    trackers: Any
+    total_steps: int
+
+
+def build_sft(cfg: SFTConfig) -> SFTParts:
+    """Assemble an SFT run from a resolved config, cheapest failure first: the run directory and
+    resume point, the tokenizer and data, the model, the trackers.
+
+    Raises:
+        lmrl.errors.LmrlError: the run directory, a refused resume, the data or the model, each
+            in one line naming what to fix.
+    """
+    start = open_run(cfg, "lmrl sft")
+    seed_everything(cfg.trainer.seed)
+    device = resolve_device(cfg.trainer.device)
+    m, d = cfg.model, cfg.data
+    tokenizer = load_tokenizer(m.path, m.trust_remote_code)
+    train_data = _dataset(cfg, d.train_files, tokenizer)
+    val_data = _dataset(cfg, d.val_files, tokenizer) if d.val_files else None
+    if len(train_data) < d.train_batch_size:
+        raise DataError(
+            f"data.train_batch_size={d.train_batch_size} is larger than the training set "
+            f"({len(train_data)} examples in {d.train_files}); lower it"
+        )
+    sampler = PromptSampler(len(train_data), d.train_batch_size, seed=d.seed, shuffle=d.shuffle)
+    total_steps = cfg.trainer.total_training_steps or len(sampler) * cfg.trainer.total_epochs
+    model = load_causal_lm(
+        m.path,
+        dtype=None if m.dtype == "auto" else m.dtype,
+        device=device,
+        trust_remote_code=m.trust_remote_code,
+        gradient_checkpointing=m.enable_gradient_checkpointing,
+    )
+    if m.lora_rank > 0:
+        model = apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
+    worker = SFTWorker(model, cfg.optim, total_steps=total_steps, seed=cfg.trainer.seed)
+    t = cfg.trainer
+    trackers = make_trackers(
+        t.logger, start.run_dir, t.project_name, t.experiment_name, config_dict=asdict(cfg),
+        total_steps=total_steps, start_step=_step_of(start.resume_from),
+    )  # fmt: skip
+    log.info(
+        "sft: %d examples (%d trained tokens), %d steps of %d, on %s",
+        len(train_data), train_data.stats["loss_tokens"], total_steps, d.train_batch_size, device,
+    )  # fmt: skip
+    return SFTParts(cfg, start, tokenizer, train_data, val_data, sampler, worker, trackers,
+                    total_steps)  # fmt: skip
+
+
+def _dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
+    d = cfg.data
+    return SFTDataset(
+        files, tokenizer, prompt_key=d.prompt_key, response_key=d.response_key,
+        messages_key=d.messages_key, response_from_ground_truth=d.response_from_ground_truth,
+        mask_pattern=d.mask_pattern, max_length=d.max_length, truncation=d.truncation,
+    )  # fmt: skip
+
+
+def _step_of(checkpoint: Path | None) -> int:
+    return int(checkpoint.name.rsplit("_", 1)[1]) if checkpoint is not None else 0
+
+
+class SFTTrainer:
+    """Supervised fine-tuning as a program of the run loop (``lmrl.trainer.loop``).
+
+    Args:
+        parts: from `build_sft`; a checkpoint in ``parts.start.resume_from`` is loaded here.
+
+    Attributes:
+        run_dir: ``trainer.default_local_dir`` (config.yaml, metrics.jsonl, checkpoints).
         final_dir: ``run_dir / "final"``, the model path to hand to ``lmrl train``.
         worker: the ``SFTWorker``: the model, its optimizer and schedule, the loss.
         total_steps: optimizer steps of the run.
         global_step: steps done.
     """
 
-    def __init__(self, cfg: SFTConfig) -> None:
-        self.cfg = cfg
-        seed_everything(cfg.trainer.seed)
-        self.device = resolve_device(cfg.trainer.device)
-        self.run_dir = Path(cfg.trainer.default_local_dir)
-        check_run_dir(self.run_dir)  # writable, or one line now; written once all loads
+    def __init__(self, parts: SFTParts) -> None:
+        self.parts = parts
+        self.cfg = parts.config
+        self.start = parts.start
+        self.run_dir = parts.start.run_dir
         self.final_dir = self.run_dir / "final"
-
-        m, d = cfg.model, cfg.data
-        self.tokenizer = load_tokenizer(m.path, m.trust_remote_code)
-        self.train_data = self._dataset(d.train_files)
-        self.val_data = self._dataset(d.val_files) if d.val_files else None
-        if len(self.train_data) < d.train_batch_size:
-            raise DataError(
-                f"data.train_batch_size={d.train_batch_size} is larger than the training set "
-                f"({len(self.train_data)} examples in {d.train_files}); lower it"
-            )
-        self.sampler = PromptSampler(
-            len(self.train_data), d.train_batch_size, seed=d.seed, shuffle=d.shuffle
-        )
-        self.total_steps = cfg.trainer.total_training_steps or len(self.sampler) * (
-            cfg.trainer.total_epochs
-        )
-
-        model = load_causal_lm(
-            m.path,
-            dtype=None if m.dtype == "auto" else m.dtype,
-            device=self.device,
-            trust_remote_code=m.trust_remote_code,
-            gradient_checkpointing=m.enable_gradient_checkpointing,
-        )
-        if m.lora_rank > 0:
-            model = apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
-        self.worker = SFTWorker(
-            model, cfg.optim, total_steps=self.total_steps, seed=cfg.trainer.seed
-        )
+        self.tokenizer = parts.tokenizer
+        self.train_data, self.val_data = parts.train_data, parts.val_data
+        self.sampler = parts.sampler
+        self.worker = parts.worker
+        self.trackers = parts.trackers
+        self.total_steps = parts.total_steps
         self.global_step = 0
         self.health = SFTHealth(self.total_steps)
-        # the console line is printed here (the console tracker summarizes RL metrics)
-        self.console = "console" in cfg.trainer.logger
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir / "config.yaml", command="lmrl sft")
-        self.tracker = make_trackers(
-            [n for n in cfg.trainer.logger if n != "console"],
-            self.run_dir,
-            cfg.trainer.project_name,
-            cfg.trainer.experiment_name,
-            config_dict=asdict(cfg),
-            total_steps=self.total_steps,
-        )
-        log.info(
-            "sft: %d examples (%d trained tokens), %d steps of %d, on %s",
-            len(self.train_data), self.train_data.stats["loss_tokens"], self.total_steps,
-            d.train_batch_size, self.device,
-        )  # fmt: skip
+        self.loop: RunLoop | None = None
+        resume(self)
 
     @property
     def model(self) -> torch.nn.Module:
         """The model trained (the worker's)."""
         return self.worker.model
 
-    def _dataset(self, files) -> SFTDataset:
-        d = self.cfg.data
-        return SFTDataset(
-            files,
-            self.tokenizer,
-            prompt_key=d.prompt_key,
-            response_key=d.response_key,
-            messages_key=d.messages_key,
-            response_from_ground_truth=d.response_from_ground_truth,
-            mask_pattern=d.mask_pattern,
-            max_length=d.max_length,
-            truncation=d.truncation,
-        )
+    @property
+    def has_validation(self) -> bool:
+        return self.val_data is not None
 
     def _micro_batches(self, data: SFTDataset, indices: Sequence[int]) -> Iterator[dict]:
         size = self.cfg.data.micro_batch_size or len(indices)
@@ -158,82 +195,63 @@ class SFTTrainer:
         pieces = self._micro_batches(self.val_data, range(len(self.val_data)))
         return {"val/sft_loss": float(self.worker.loss(pieces))}
 
-    # ---------------------------------------------------------------------- export
-    def save(self, name: str) -> Path:
-        """Write the model (LoRA merged) and tokenizer to ``run_dir/name``, atomically.
+    def generations(self) -> list[dict]:
+        return []
 
-        Returns:
-            The directory, loadable by ``load_causal_lm`` / ``load_tokenizer``.
-        """
-        out = self.run_dir / name
-        tmp = self.run_dir / f".{name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        model = merge_lora(self.model) if is_lora(self.model) else self.model
-        use_cache = model.config.use_cache
-        model.config.use_cache = True  # training turned it off for checkpointing
-        try:
-            model.save_pretrained(tmp)
-        finally:
-            model.config.use_cache = use_cache
-        self.tokenizer.save_pretrained(tmp)
-        save_config(self.cfg, tmp / "sft_config.yaml", command="lmrl sft")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-        return out
+    # ------------------------------------------------------------------ checkpoints
+    def checkpoint_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"model": self.worker.model_state()}
+
+    def state_dict(self) -> dict:
+        """Optimizer, schedule, data order, RNGs and the step (the weights are saved apart)."""
+        return {
+            "global_step": self.global_step,
+            "worker": self.worker.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def load_checkpoint(self, path: Path) -> None:
+        self.worker.load_model_state(read_weights(path / "model.safetensors"))
+        state = load_state(path)
+        self.worker.load_state_dict(state["worker"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.global_step = int(state["global_step"])
+
+    def export(self) -> Path:
+        """Write ``run_dir/final``: the model (LoRA merged) and tokenizer as a plain Hugging
+        Face directory that ``lmrl train model.path=...`` loads; written whole, then renamed."""
+        m = self.cfg.model
+        weights = self.worker.model_state()
+        if m.lora_rank > 0:
+            weights = merged_state(weights, m.lora_alpha / m.lora_rank)
+        return export_pretrained(self.final_dir, weights, m.path, self.tokenizer,
+                                 m.trust_remote_code)  # fmt: skip
+
+    def close(self) -> None:
+        self.trackers.close()
 
     # ---------------------------------------------------------------------- fit
-    def fit(
-        self, stop: Callable[[int, dict[str, float]], bool] | None = None
-    ) -> list[dict[str, float]]:
-        """Run ``total_steps`` steps with validation and exports; returns every step's metrics.
+    def fit(self, on_step_end: StepEnd | None = None) -> list[dict[str, float]]:
+        """Run the remaining steps on the run loop; returns each step's metrics.
 
-        Writes ``metrics.jsonl`` (and the other trackers of ``trainer.logger``), a
-        ``global_step_N`` export every ``trainer.save_freq`` steps before the last, and
-        ``final`` at the end.
+        Writes ``metrics.jsonl`` (and the trackers of ``trainer.logger``), a resumable
+        checkpoint ``global_step_N`` every ``trainer.save_freq`` steps and at the end, and the
+        model to ``final``. The first SIGINT/SIGTERM saves and stops (`exit_code` 130/143).
 
         Args:
-            stop: ``stop(step, metrics) -> bool``, asked after each logged step; True ends the
-                run there (validated and exported to ``final`` like a last step). For a warm
-                start that must stop part-way, e.g. at a validation loss.
+            on_step_end: ``on_step_end(step, metrics) -> stop``, asked after each step; True
+                ends the run there (validated and exported to ``final`` like a last step). For
+                a warm start that must stop part-way, e.g. at a validation loss.
         """
-        t = self.cfg.trainer
-        history = []
-        start = time.perf_counter()
-        try:
-            while self.global_step < self.total_steps:
-                metrics = self.step()
-                last = self.global_step == self.total_steps
-                if last or (t.test_freq > 0 and self.global_step % t.test_freq == 0):
-                    metrics |= self.validate()
-                if not last and stop is not None and stop(self.global_step, metrics):
-                    last = True
-                    if "val/sft_loss" not in metrics:
-                        metrics |= self.validate()
-                if not last and t.save_freq > 0 and self.global_step % t.save_freq == 0:
-                    self.save(f"global_step_{self.global_step}")
-                history.append(metrics)
-                self.tracker.log(metrics, self.global_step)
-                for warning in self.health.check(metrics.get("sft/loss"), metrics.get("sft/lr")):
-                    log.warning("%s", warning)
-                if self.console:
-                    print(self._line(metrics), flush=True)
-                if last:
-                    break
-            self.save("final")
-        finally:
-            self.tracker.close()
-        log.info("sft: %d steps in %.1fs", self.global_step, time.perf_counter() - start)
-        return history
+        self.loop = RunLoop(self, self.cfg.trainer, on_step_end=on_step_end)
+        return self.loop.run()
 
-    def _line(self, metrics: dict[str, float]) -> str:
-        parts = [f"step {self.global_step}/{self.total_steps}"]
-        for key, label in (("sft/loss", "loss"), ("val/sft_loss", "val_loss"),
-                           ("sft/grad_norm", "grad_norm"), ("sft/lr", "lr")):  # fmt: skip
-            if key in metrics and math.isfinite(metrics[key]):
-                parts.append(f"{label} {metrics[key]:.4g}")
-        parts.append(f"{metrics['timing_s/step']:.2f}s")
-        return "  ".join(parts)
+    @property
+    def exit_code(self) -> int:
+        """0 after a finished run; 130 (SIGINT) or 143 (SIGTERM) after an interrupted one."""
+        return self.loop.exit_code if self.loop is not None else 0
 
 
-__all__ = ["SFTTrainer"]
+__all__ = ["SFTParts", "SFTTrainer", "build_sft"]

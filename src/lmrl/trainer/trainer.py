@@ -20,30 +20,23 @@ the signals and save failures that must never cost finished work.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from lmrl.algos import apply_kl_penalty, rollout_importance_weights
 from lmrl.batch import Batch, response_tokens_mask
-from lmrl.config import save_config
 from lmrl.config.schema import TrainerConfig
-from lmrl.errors import CheckpointError, WorkerError
+from lmrl.errors import CheckpointError
 from lmrl.models.loading import export_pretrained
 from lmrl.models.lora import merged_state
-from lmrl.trainer.checkpoint import (
-    latest_checkpoint,
-    load_state,
-    read_weights,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
 from lmrl.trainer.health import RunHealth
+from lmrl.trainer.loop import RunLoop, StepEnd, resume
 from lmrl.trainer.metrics import StageTimer, data_metrics, engine_gap, throughput, to_floats
-from lmrl.trainer.resume import keep_old_config
+from lmrl.trainer.resume import RunStart
 from lmrl.trainer.run import RunParts
-from lmrl.trainer.signals import EXIT_CODES, StopOnSignal
 from lmrl.trainer.stages import rollout_and_score, validate
 
 log = logging.getLogger("lmrl.trainer")
@@ -65,23 +58,15 @@ class Trainer:
     ) -> None:
         self.parts = parts
         self.cfg = cfg
-        tokenizer = getattr(parts, "tokenizer", None)
+        tokenizer = parts.tokenizer
         self.health = RunHealth(len(tokenizer) if tokenizer is not None else None)
         self.on_stage = on_stage or (lambda name: None)
         self.run_dir = parts.run_dir
         self.total_steps = parts.total_steps
         self.global_step = 0
-        self.stopped_by: str | None = None  # the signal that interrupted fit(), if any
         self.last_batch: Batch | None = None
-        self._last_saved = -1
-        self._tracker_failed = False
-        if parts.resume_from is not None:
-            self._load_checkpoint(parts.resume_from)
-
-    @property
-    def exit_code(self) -> int:
-        """0 after a finished run; 130 (SIGINT) or 143 (SIGTERM) after an interrupted one."""
-        return EXIT_CODES.get(self.stopped_by, 130) if self.stopped_by else 0
+        self.loop: RunLoop | None = None  # the loop of the last fit()
+        resume(self)
 
     # ---------------------------------------------------------------------- step
     def step(self) -> dict[str, float]:
@@ -95,11 +80,8 @@ class Trainer:
             mask = batch["response_mask"]
 
             # 3. old log-probs: pi_old of the PPO ratio
-            own = (
-                plan.log_prob_mode == "decoupled"
-                and 0 < len(batch) <= plan.update_rows
-                and self.global_step >= plan.critic_warmup
-                and getattr(p.engine, "shares_weights", True)  # else: the gap, below
+            own = plan.old_log_probs_from_update(
+                len(batch), self.global_step, p.engine.shares_weights
             )
             if plan.log_prob_mode == "bypass":
                 batch["old_log_probs"] = batch["rollout_log_probs"]
@@ -154,7 +136,7 @@ class Trainer:
             # 8. actor update (after the critic's warm-up)
             if self.global_step >= plan.critic_warmup:
                 with timer("update_actor"):
-                    metrics |= p.actor.update_policy(batch, old_log_probs_from_update=own)
+                    metrics |= p.actor.update_actor(batch, old_log_probs_from_update=own)
 
         self.global_step += 1
         out = to_floats(metrics)
@@ -170,85 +152,48 @@ class Trainer:
         """Validation metrics of the current policy (see ``lmrl.trainer.stages.validate``)."""
         return validate(self.parts)
 
+    @property
+    def has_validation(self) -> bool:
+        return self.parts.val_data is not None
+
     # ----------------------------------------------------------------------- fit
-    def fit(self) -> list[dict[str, float]]:
-        """Run the remaining steps: log each, validate every ``test_freq`` steps (and before
-        the first and after the last), checkpoint every ``save_freq`` steps and at the end.
+    def fit(self, on_step_end: StepEnd | None = None) -> list[dict[str, float]]:
+        """Run the remaining steps on the run loop (``lmrl.trainer.loop.RunLoop``: validation,
+        checkpoints, ``run_dir/final``, signals, health, trackers); returns each step's metrics.
 
-        A run that reaches its last step also writes ``run_dir/final`` (`export_final`).
-        The first SIGINT/SIGTERM finishes the current step, saves and returns (``stopped_by``
-        and ``exit_code`` say so); a second one stops at once (``StopNow``). A periodic save
-        that fails is logged and retried at the next one; a failed final save raises
-        ``CheckpointError``. A Ray worker that dies or fails raises ``WorkerError`` naming it
-        and the last good checkpoint.
+        Args:
+            on_step_end: ``on_step_end(step, metrics) -> stop``, asked after each step.
         """
-        t, p = self.cfg, self.parts
-        history: list[dict[str, float]] = []
-        start = time.perf_counter()
-        try:
-            self.start()
-            with StopOnSignal() as stop:
-                if t.val_before_train and self.global_step == 0 and p.val_data is not None:
-                    before = self.validate()
-                    self.health.baseline(before)
-                    self.log_metrics(before, step=0)
-                while self.global_step < self.total_steps and not stop.requested:
-                    metrics = self.step()
-                    step = self.global_step
-                    if p.val_data is not None and (
-                        step == self.total_steps or _every(t.test_freq, step)
-                    ):
-                        metrics |= self.validate()
-                    history.append(metrics)
-                    self.log_metrics(metrics, step=step)
-                    for warning in self.health.check(metrics):
-                        log.warning("%s", warning)
-                    if _every(t.log_generations_freq, step):
-                        p.trackers.log_generations(self._generation_rows(), step=step)
-                    if _every(t.save_freq, step):
-                        self._save(final=False)
-                self.stopped_by = stop.requested
-                if self._last_saved != self.global_step and self.global_step > 0:
-                    self._save(final=True)
-                if history and self.global_step >= self.total_steps:
-                    self.export_final()
-        except WorkerError as err:  # a Ray worker died or failed: nothing more can run
-            last = latest_checkpoint(self.run_dir)
-            resume = (
-                f"the last good checkpoint is {last}; run the same command to resume from it"
-                if last is not None
-                else "no checkpoint was written yet"
-            )
-            raise WorkerError(f"{err}; {resume}") from None
-        finally:
-            self.close()
-        if self.stopped_by:
-            log.warning("%s: stopped after step %d (saved); run the same command to resume",
-                        self.stopped_by, self.global_step)  # fmt: skip
-        log.info("ran %d steps in %.1fs", len(history), time.perf_counter() - start)
-        return history
+        self.loop = RunLoop(self, self.cfg, on_stage=self.on_stage, on_step_end=on_step_end)
+        return self.loop.run()
 
-    def start(self) -> None:
-        """The run really starts: write ``config.yaml`` (keeping a changed one's old file)."""
-        changes = self.parts.config_changes
-        if changes:
-            kept = keep_old_config(self.run_dir, self.global_step)
-            for key, old, new in changes:
-                log.warning("resumed with %s changed: %r -> %r", key, old, new)
-            log.warning("the previous settings are kept in %s", kept)
-        save_config(self.parts.config, self.run_dir / "config.yaml")
+    @property
+    def stopped_by(self) -> str | None:
+        """The signal that interrupted `fit`, if any."""
+        return self.loop.stopped_by if self.loop is not None else None
 
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """Log to the trackers; a tracker that cannot write (a full disk) never stops the run."""
-        try:
-            self.parts.trackers.log(metrics, step=step)
-        except OSError as err:
-            if not self._tracker_failed:
-                log.error("could not write metrics (%s); training goes on", err)
-            self._tracker_failed = True
+    @property
+    def exit_code(self) -> int:
+        """0 after a finished run; 130 (SIGINT) or 143 (SIGTERM) after an interrupted one."""
+        return self.loop.exit_code if self.loop is not None else 0
 
-    def _generation_rows(self, limit: int = 8) -> list[dict]:
+    @property
+    def validations(self) -> dict[int, dict[str, float]]:
+        """Validation metrics by step of the last `fit` (0 = before the first step)."""
+        return self.loop.validations if self.loop is not None else {}
+
+    @property
+    def start(self) -> RunStart:
+        return self.parts.start
+
+    @property
+    def trackers(self):
+        return self.parts.trackers
+
+    def generations(self, limit: int = 8) -> list[dict]:
         """Prompt, response and score of the first samples of the last step's batch."""
+        if self.last_batch is None:
+            return []
         batch, tok = self.last_batch.index(slice(0, limit)), self.parts.tokenizer
         prompts = tok.batch_decode(batch["prompts"], skip_special_tokens=True)
         responses = [
@@ -273,6 +218,9 @@ class Trainer:
             workers["critic"] = self.parts.critic
         return workers
 
+    def checkpoint_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {name: worker.model_state() for name, worker in self._trained().items()}
+
     def state_dict(self) -> dict:
         """Everything but the weights that a resumed run needs to continue exactly."""
         p = self.parts
@@ -290,49 +238,20 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write ``global_step_<N>`` now (atomically); returns its path."""
-        weights = {name: worker.model_state() for name, worker in self._trained().items()}
-        path = save_checkpoint(
-            self.run_dir, self.global_step, weights, self.state_dict(),
-            self.cfg.max_ckpt_to_keep, before_manifest=lambda: self.on_stage("save"),
-        )  # fmt: skip
-        self._last_saved = self.global_step
-        log.info("checkpoint saved: %s", path)
-        return path
+        return (self.loop or RunLoop(self, self.cfg, on_stage=self.on_stage)).save_checkpoint()
 
-    def export_final(self) -> Path:
+    def export(self) -> Path:
         """Write ``run_dir/final``: the policy as a plain Hugging Face model directory (LoRA
-        merged, tokenizer included), the ``model.path`` of a next run or of ``lmrl eval``.
-
-        Raises:
-            CheckpointError: it cannot be written (the checkpoints are unaffected).
-        """
-        m, out = self.parts.config.model, self.run_dir / "final"
+        merged, tokenizer included), the ``model.path`` of a next run or of ``lmrl eval``."""
+        m = self.parts.config.model
         weights = self.parts.actor.model_state()
         if m.lora_rank > 0:
             weights = merged_state(weights, m.lora_alpha / m.lora_rank)
-        try:
-            export_pretrained(out, weights, m.path, self.parts.tokenizer, m.trust_remote_code)
-        except OSError as err:
-            raise CheckpointError(f"the final model could not be written to {out}: {err}; "
-                                  "the last checkpoint holds the same weights") from None  # fmt: skip
-        log.info("final model written: %s", out)
-        return out
+        out = self.run_dir / "final"
+        return export_pretrained(out, weights, m.path, self.parts.tokenizer, m.trust_remote_code)
 
-    def _save(self, final: bool) -> None:
-        try:
-            self.save_checkpoint()
-        except OSError as err:
-            where = f"{self.run_dir / f'global_step_{self.global_step}'}"
-            if final:
-                last = f"step {self._last_saved}" if self._last_saved >= 0 else "none"
-                raise CheckpointError(
-                    f"the final checkpoint could not be written to {where}: {err}; "
-                    f"last good checkpoint: {last}"
-                ) from None
-            log.error("checkpoint %s could not be written (%s); training goes on and the next "
-                      "save retries", where, err)  # fmt: skip
-
-    def _load_checkpoint(self, path: Path) -> None:
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore the workers' weights and state, the sampler, the KL controller and the RNGs."""
         p = self.parts
         state = load_state(path)
         for name, worker in self._trained().items():
@@ -347,13 +266,7 @@ class Trainer:
             p.kl_ctrl.load_state_dict(state["kl_ctrl"])
         p.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
-        self.global_step = self._last_saved = int(state["global_step"])
-        log.info("resumed from %s at step %d", path, self.global_step)
-
-
-def _every(freq: int, step: int) -> bool:
-    """``freq > 0`` and ``step`` is a multiple of it (the config's "<= 0 = never" rule)."""
-    return freq > 0 and step % freq == 0
+        self.global_step = int(state["global_step"])
 
 
 __all__ = ["Trainer"]

@@ -73,7 +73,7 @@ def policy_loss_kwargs(cfg) -> dict[str, float | None]:
 
 
 class ActorWorker(TrainableWorker):
-    """The policy model with its optimizer.
+    """The policy model with its optimizer (an ``lmrl.workers.roles.ActorRole``).
 
     Args:
         model: the causal LM being trained (possibly PEFT-wrapped).
@@ -124,7 +124,9 @@ class ActorWorker(TrainableWorker):
             )
         self.reference = reference
 
-    def compute_log_probs(self, batch: Batch, with_entropy: bool = False):
+    def compute_log_probs(
+        self, batch: Batch, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (and entropy) of the responses under the current policy, no grad.
 
         Returns:
@@ -134,7 +136,7 @@ class ActorWorker(TrainableWorker):
         with self.dp.full_params(self.model):
             return compute_log_probs(self.model, batch, micro, self.temperature, with_entropy)
 
-    def update_policy(
+    def update_actor(
         self, batch: Batch, *, old_log_probs_from_update: bool = False
     ) -> dict[str, torch.Tensor]:
         """``ppo_epochs`` x mini-batches x micro-batches of the policy loss; one lr step.

@@ -109,7 +109,7 @@ def build_workers(
         critic_model = load_critic(
             cfg.critic.model.path, dtype=cfg.model.dtype, device=device,
             trust_remote_code=cfg.model.trust_remote_code,
-            gradient_checkpointing=cfg.critic.model.enable_gradient_checkpointing,
+            gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
         )  # fmt: skip
         critic = CriticWorker(
             critic_model, cfg.critic, rollout_n=cfg.rollout.n,

@@ -24,7 +24,7 @@ UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "resp
 
 
 class CriticWorker(TrainableWorker):
-    """The value model with its optimizer.
+    """The value model with its optimizer (an ``lmrl.workers.roles.CriticRole``).
 
     Args:
         model: a critic from ``lmrl.models.critic.load_critic``.
@@ -47,7 +47,7 @@ class CriticWorker(TrainableWorker):
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """Values of the response positions, (B, T), no grad."""
-        micro = self.cfg.forward_micro_batch_size or self.cfg.ppo_micro_batch_size or len(batch)
+        micro = self.cfg.ppo_micro_batch_size or len(batch)
         with self.dp.full_params(self.model):
             return compute_values(self.model, batch, micro)
 

@@ -6,14 +6,14 @@ A group is ``world_size`` Ray actors of one class, `RankWorker`; each is a
 roles with ``lmrl.workers.build.build_workers``: the actor (with its engine and reference)
 and, colocated or in a pool of its own, the critic, plus the reward scoring. The driver talks
 to a group through stand-ins with the methods of the local workers (`GroupActor`,
-`GroupEngine`, `GroupReference`, `GroupCritic`, `GroupReward`), so ``Trainer.step`` runs
-unchanged. How each call is dispatched:
+`GroupEngine`, `GroupReference`, `GroupCritic`, `GroupReward`: the roles of
+``lmrl.workers.roles``), so ``Trainer.step`` runs unchanged. How each call is dispatched:
 
     generate            prompts cut into contiguous chunks, one per rank, each sampled with
                         its position in the batch (``prompt_offset``), so the rollout is the
                         one a single process samples; gathered with ``concat_rollouts``
     log-probs, values   whole prompt groups split by token count (``partition_rows``),
-                        gathered in order
+                        gathered in order (the entropy too, when asked for)
     update_*            the whole batch to every rank (one object-store copy): each rank
                         trains on its share of every mini-batch and the gradients are summed
                         (``lmrl.workers.dist``); metrics from rank 0 (already summed)
@@ -34,7 +34,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -46,6 +46,9 @@ from lmrl.rollout.merge import concat_rollouts
 from lmrl.workers.actor import UPDATE_KEYS as ACTOR_KEYS
 from lmrl.workers.critic import UPDATE_KEYS as CRITIC_KEYS
 from lmrl.workers.dist import DDP, partition_rows
+
+if TYPE_CHECKING:
+    from lmrl.rewards.managers import RewardResult
 
 log = logging.getLogger("lmrl.workers")
 
@@ -155,7 +158,7 @@ class RankWorker:
         )
         seed_everything(cfg.trainer.seed)
         strategy = cfg.critic.strategy if self.group == "critic" else cfg.actor.strategy
-        offload = cfg.critic.fsdp_config if self.group == "critic" else cfg.actor.fsdp_config
+        offload = cfg.critic.offload if self.group == "critic" else cfg.actor.offload
         dp = make_dp(strategy, self.rank, self.world_size, _offload(offload))
         self.dp, self.device = dp, device
         tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
@@ -199,9 +202,16 @@ class RankWorker:
         return out.to("cpu")
 
     @_busy
-    def actor_log_probs(self, batch: Batch) -> torch.Tensor:
+    def actor_log_probs(
+        self, batch: Batch, with_entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """(b, T) log-probs of this rank's rows; with ``with_entropy``, (log-probs, entropy)."""
         actor = self.workers.actor
-        return self._rows(lambda b: actor.compute_log_probs(b)[0], batch, actor.model)
+        if not with_entropy:
+            return self._rows(lambda b: actor.compute_log_probs(b)[0], batch, actor.model)
+        return self._rows(
+            lambda b: actor.compute_log_probs(b, with_entropy=True), batch, actor.model, outputs=2
+        )
 
     @_busy
     def ref_log_probs(self, batch: Batch) -> torch.Tensor:
@@ -212,18 +222,21 @@ class RankWorker:
         critic = self.workers.critic
         return self._rows(critic.compute_values, batch, critic.model)
 
-    def _rows(self, fn, batch: Batch, model) -> torch.Tensor:
-        """``fn`` on this rank's rows; with none, ``model``'s weights are still gathered and
-        freed (under FSDP2 every rank takes part in each all-gather of a pass)."""
+    def _rows(self, fn, batch: Batch, model, outputs: int = 1):
+        """``fn`` on this rank's rows: a (b, T) tensor, or a tuple of ``outputs`` of them; with
+        no rows, ``model``'s weights are still gathered and freed (under FSDP2 every rank takes
+        part in each all-gather of a pass) and the result is empty (0, T)."""
         if len(batch) == 0:
             with self.dp.full_params(model):
-                return torch.zeros(0, batch["responses"].shape[1])
-        return fn(batch.to(self.device)).cpu()
+                empty = torch.zeros(0, batch["responses"].shape[1])
+                return empty if outputs == 1 else (empty,) * outputs
+        out = fn(batch.to(self.device))
+        return out.cpu() if outputs == 1 else tuple(x.cpu() for x in out)
 
     # -- updates (the whole batch on every rank)
     @_busy
     def update_actor(self, batch: Batch, old_log_probs_from_update: bool) -> dict[str, float]:
-        metrics = self.workers.actor.update_policy(
+        metrics = self.workers.actor.update_actor(
             batch.to(self.device), old_log_probs_from_update=old_log_probs_from_update
         )
         return {k: float(v) for k, v in metrics.items()}
@@ -238,8 +251,8 @@ class RankWorker:
     def score(self, batch: Batch):
         return self.reward(batch) if len(batch) else None
 
-    def check_dataset(self, data) -> None:
-        self.reward.check_dataset(data)
+    def check_dataset(self, dataset) -> None:
+        self.reward.check_dataset(dataset)
 
     # -- checkpoints (every rank is called: gathering sharded state is collective)
     def state(self, role: str) -> dict:
@@ -266,12 +279,11 @@ class RankWorker:
         return worker
 
 
-def _offload(fsdp_config) -> dict[str, bool]:
-    if fsdp_config is None:
-        return {}
+def _offload(offload: str) -> dict[str, bool]:
+    """``actor.offload`` / ``critic.offload`` as `FSDP2`'s keyword arguments."""
     return {
-        "param_offload": bool(fsdp_config.param_offload),
-        "optimizer_offload": bool(fsdp_config.optimizer_offload),
+        "param_offload": offload in ("params", "both"),
+        "optimizer_offload": offload in ("optimizer", "both"),
     }
 
 
@@ -354,17 +366,28 @@ class RayWorkerGroup:
         finally:
             self.wall[method] += time.perf_counter() - start
 
-    def map_rows(self, method: str, batch: Batch, keys: Sequence[str] = FORWARD_KEYS):
-        """A (B, T) result computed row-wise, the rows split across ranks by token count."""
+    def map_rows(
+        self, method: str, batch: Batch, *args, keys: Sequence[str] = FORWARD_KEYS
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """A (B, T) result computed row-wise, the rows split across ranks by token count.
+
+        ``method(rows, *args)`` runs on each rank; when it returns a tuple of (b, T) tensors
+        (log-probs and entropy), so does this, each gathered the same way.
+        """
         batch = batch.select(*(k for k in keys if k in batch))
         parts = partition_rows(batch, self.world_size)
-        results = self.call_each(method, [(batch.index(p),) for p in parts])
-        dtype = next(r.dtype for r, p in zip(results, parts, strict=True) if len(p))
-        out = torch.zeros(len(batch), batch["responses"].shape[1], dtype=dtype)
+        results = self.call_each(method, [(batch.index(p), *args) for p in parts])
+        is_tuple = isinstance(results[0], tuple)
+        results = [r if is_tuple else (r,) for r in results]
+        full = next(r for r, p in zip(results, parts, strict=True) if len(p))
+        outs = tuple(
+            torch.zeros(len(batch), batch["responses"].shape[1], dtype=x.dtype) for x in full
+        )
         for part, result in zip(parts, results, strict=True):
             if len(part):
-                out[torch.as_tensor(part)] = result
-        return out
+                for out, x in zip(outs, result, strict=True):
+                    out[torch.as_tensor(part)] = x
+        return outs if is_tuple else outs[0]
 
     def _gather(self, refs: list, what: str) -> list:
         """Wait for every rank; on the first failure stop the group and raise `WorkerError`."""
@@ -442,7 +465,9 @@ class GroupEngine:
         self.pad_id = group.infos[0]["pad_id"]
         self.shares_weights = group.infos[0]["shares_weights"]
 
-    def generate(self, prompts: Batch, n: int = 1, sampling=None, prompt_offset: int = 0) -> Batch:
+    def generate(
+        self, prompts: Batch, n: int = 1, sampling=None, *, prompt_offset: int = 0
+    ) -> Batch:
         chunks = prompts.chunk(self.group.world_size)
         offsets = np.cumsum([0] + [len(c) for c in chunks[:-1]]) + prompt_offset
         outs = self.group.call_each(
@@ -450,6 +475,9 @@ class GroupEngine:
         )
         outs = [o for o in outs if o is not None]
         return outs[0] if len(outs) == 1 else concat_rollouts(outs, self.pad_id)
+
+    def close(self) -> None:
+        """Nothing here: each rank's engine is freed with its process (``RayBackend.close``)."""
 
 
 class _Trained:
@@ -488,10 +516,16 @@ class GroupActor(_Trained):
 
     role = "actor"
 
-    def compute_log_probs(self, batch: Batch, with_entropy: bool = False):
-        return self.group.map_rows("actor_log_probs", batch), None
+    def compute_log_probs(
+        self, batch: Batch, with_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not with_entropy:
+            return self.group.map_rows("actor_log_probs", batch), None
+        return self.group.map_rows("actor_log_probs", batch, True)
 
-    def update_policy(self, batch: Batch, *, old_log_probs_from_update: bool = False) -> dict:
+    def update_actor(
+        self, batch: Batch, *, old_log_probs_from_update: bool = False
+    ) -> dict[str, torch.Tensor]:
         batch = batch.select(*(k for k in ACTOR_KEYS if k in batch))
         metrics = self.group.call("update_actor", batch, old_log_probs_from_update)[0]
         return {k: torch.tensor(v) for k, v in metrics.items()}
@@ -505,7 +539,7 @@ class GroupCritic(_Trained):
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return self.group.map_rows("values", batch)
 
-    def update_critic(self, batch: Batch) -> dict:
+    def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
         batch = batch.select(*(k for k in CRITIC_KEYS if k in batch))
         metrics = self.group.call("update_critic", batch)[0]
         return {k: torch.tensor(v) for k, v in metrics.items()}
@@ -527,7 +561,7 @@ class GroupReward:
     def __init__(self, group: RayWorkerGroup) -> None:
         self.group = group
 
-    def __call__(self, batch: Batch):
+    def __call__(self, batch: Batch) -> RewardResult:
         from lmrl.rewards.managers import RewardResult
 
         chunks = batch.chunk(self.group.world_size)
@@ -544,8 +578,8 @@ class GroupReward:
         scores = torch.cat([r.token_level_scores for r in results])
         return RewardResult(token_level_scores=scores, extras=extras, metrics=metrics)
 
-    def check_dataset(self, data) -> None:
-        self.group.call_one(0, "check_dataset", data)
+    def check_dataset(self, dataset) -> None:
+        self.group.call_one(0, "check_dataset", dataset)
 
     def close(self) -> None:
         """The ranks stop their reward workers when the group closes."""

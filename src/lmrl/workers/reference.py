@@ -16,7 +16,7 @@ from lmrl.workers.dist import DataParallel
 
 
 class ReferenceWorker:
-    """Log-probs of the responses under the reference policy.
+    """Log-probs of the responses under the reference policy (a ``ReferenceRole``).
 
     Args:
         reference: the reference model (see ``lmrl.models.build_reference``).

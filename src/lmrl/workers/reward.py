@@ -26,7 +26,7 @@ __all__ = ["RewardWorker", "build_reward"]
 
 
 class RewardWorker:
-    """Rule rewards and a reward model's score, as one reward manager.
+    """Rule rewards and a reward model's score, as one reward manager (a ``RewardRole``).
 
     Args:
         manager: the rule reward manager (``lmrl.rewards.make_reward_manager``), or None for

@@ -5,8 +5,8 @@
 2. ``model/``: a 0.7M-parameter conditional U-Net (`lmrl.flow.ImageFlow`) pre-trained by flow
    matching on those images for 150 steps (the analogue of SFT before RL): it draws the
    prompt's colour but often misplaces the objects or draws the wrong number;
-3. ``run/``: Flow-GRPO (`lmrl.trainer.flow.FlowTrainer`, the run ``lmrl train-flow`` makes)
-   with the GenEval-like rule reward: the fraction of four checks (colour, count, shape and
+3. ``run/``: Flow-GRPO (`lmrl.trainer.flow.FlowTrainer` on the run loop: the run
+   ``lmrl train-flow`` makes) with the GenEval-like rule reward: the fraction of four checks (colour, count, shape and
    position of the objects a small detector finds) that hold (``geneval``);
 4. ``before_after.png``: the held-out validation prompts' images from the same noise before
    RL (left) and after (right), one prompt per row, its text on the left; ``run/plot.png``: the reward curve and
@@ -73,7 +73,7 @@ def run_flow_demo(
     from lmrl.data.tasks import write_task
     from lmrl.flow.matching import pretrain_image_flow
     from lmrl.logging.plot import plot_run
-    from lmrl.trainer.flow import FlowTrainer
+    from lmrl.trainer.flow import FlowTrainer, build_flow
 
     out = Path(out_dir)
     shutil.rmtree(out, ignore_errors=True)
@@ -115,12 +115,12 @@ def run_flow_demo(
         *overrides,
     ]
     cfg = load_flow_config(None, recipe)
-    trainer = FlowTrainer(cfg)
+    trainer = FlowTrainer(build_flow(cfg))
     say(f"Flow-GRPO: {cfg.trainer.total_training_steps} steps of "
         f"{cfg.data.train_batch_size} prompts x {cfg.sampler.n} images...")  # fmt: skip
-    result = trainer.fit()
+    history = trainer.fit()
     done = time.perf_counter()
-    val = result["val"]
+    val = trainer.validations
     source = trainer.val_prompts[0]["data_source"]
     # the reward and each check at every validation: the table printed and kept in demo.json
     keys = {"reward": f"val/{source}/reward/mean"}
@@ -134,7 +134,7 @@ def run_flow_demo(
     pair = Image.fromarray(np.concatenate([before, gap, after], 1))
     _with_prompts(pair, [r["prompt"] for r in trainer.val_prompts]).save(out / "before_after.png")
     plot = plot_run(out / "run")
-    scores = [h["critic/score/mean"] for h in result["history"]]
+    scores = [h["critic/score/mean"] for h in history]
     summary = {
         "val_reward_before": first,
         "val_reward_after": last,
@@ -145,7 +145,7 @@ def run_flow_demo(
         "pretrain_s": pretrained - start,
         "rl_s": done - pretrained,
         "total_s": done - start,
-        "seconds_per_step": float(np.mean([h["timing_s/step"] for h in result["history"]])),
+        "seconds_per_step": float(np.mean([h["timing_s/step"] for h in history])),
         "run_dir": str(out / "run"),
         "model": str(out / "model"),
         "before_after": str(out / "before_after.png"),

@@ -1,6 +1,7 @@
-"""``lmrl demo``: a fast smoke run end to end through the command line, starting fresh over a
-previous demo, refusing a directory that is not one; the demo's data files and the
-plain-prompt option of the task writer."""
+"""``lmrl demo`` (``lmrl.demos``): a fast smoke run end to end through the command line (on the
+run loop ``lmrl train`` and ``lmrl sft`` use), starting fresh over a previous demo, refusing a
+directory that is not one; the demo's data files and the plain-prompt option of the task
+writer."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from lmrl.cli import main as cli_main
 from lmrl.data.tasks import generate_rows
-from lmrl.trainer.demo import ACC_KEY, SUMMARY_FILE, run_demo, write_demo_data
+from lmrl.demos.digits import ACC_KEY, SUMMARY_FILE, run_demo, write_demo_data
 
 SUMMARY_KEYS = {
     "out_dir", "sft_dir", "sft_model", "rl_dir", "metrics", "plot", "checkpoint", "sft_steps",
@@ -48,7 +49,8 @@ def test_fast_demo_through_the_cli(tmp_path, capsys):
     assert validated[2] == summary["acc_after_rl"]
     # the warm start measured its greedy accuracy after its steps
     sft_lines = [json.loads(line) for line in (out / "sft" / "metrics.jsonl").open()]
-    assert [line["step"] for line in sft_lines if "sft/val_acc" in line] == [1, 2]
+    # (its on_step_end runs after every step, the last one included)
+    assert [line["step"] for line in sft_lines if "sft/val_acc" in line] == [1, 2, 3]
 
 
 def test_a_previous_demo_is_replaced(tmp_path):
@@ -122,7 +124,7 @@ def test_fast_search_demo_through_the_cli(tmp_path, capsys):
     assert all("agent/tool_calls/mean" in line for line in lines if line["step"] > 0)
     assert cli_main(["demo", "--task", "digits", "--no-tool", "--out", str(tmp_path / "x")]) == 2
     # the ablation from this run's warm start: no model, data or SFT of its own
-    from lmrl.trainer.demo_search import run_search_demo
+    from lmrl.demos.search import run_search_demo
 
     ablation = run_search_demo(
         tmp_path / "no-tool", fast=True, search=False, console=False, warm_start=summary
@@ -132,3 +134,32 @@ def test_fast_search_demo_through_the_cli(tmp_path, capsys):
         assert ablation[key] == summary[key], key
     assert ablation["search"] is False and ablation["rl_steps"] == 2
     assert ablation["sft_seconds"] == 0.0  # it trained no SFT of its own
+
+
+def test_the_demo_runs_the_fit_users_run_stopped_by_its_callback(tmp_path, monkeypatch):
+    """SFT and GRPO each go through ``RunLoop.run`` (no loop of the demo's own), and reaching
+    the target stops GRPO through ``on_step_end``: validated, checkpointed and exported."""
+    from lmrl.trainer.loop import RunLoop
+
+    runs, real_run = [], RunLoop.run
+
+    def counted(loop):
+        runs.append((type(loop.program).__name__, loop.on_step_end is not None))
+        return real_run(loop)
+
+    monkeypatch.setattr(RunLoop, "run", counted)
+    summary = run_demo(tmp_path / "demo", fast=True, rl_steps=4, console=False)
+    assert runs == [("SFTTrainer", True), ("Trainer", True)]
+    assert summary["rl_steps"] == 2  # the fast demo caps GRPO at 2 steps
+    assert (tmp_path / "demo" / "rl" / "final" / "config.json").is_file()
+    assert (tmp_path / "demo" / "sft" / "final" / "config.json").is_file()
+
+    from lmrl.demos.digits import run_rl
+
+    data = {k: tmp_path / "demo" / "data" / f"{k}.parquet" for k in ("train", "test")}
+    rl = run_rl(summary["sft_model"], data, tmp_path / "again", seed=0, steps=50, lr=1e-3,
+                prompts_per_step=4, n=2, max_response_length=8, test_freq=1, target_acc=0.0,
+                console=False)  # fmt: skip
+    assert rl["steps"] == 1 and runs[-1] == ("Trainer", True)  # reached at the first check
+    assert (tmp_path / "again" / "global_step_1" / "manifest.json").is_file()
+    assert (tmp_path / "again" / "final" / "config.json").is_file()

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmrl.trainer.demo import _fresh_dir, _key, _yaml_str, run_rl, run_sft
+from lmrl.demos.digits import _fresh_dir, _key, _yaml_str, run_rl, run_sft
 
 __all__ = ["run_search_demo", "write_search_data"]
 
@@ -142,7 +142,7 @@ def run_search_demo(
         recall_lr, recall_max_steps: the second stage's (answering from memory), which stops
             at the first step whose greedy exact match is at most ``SFT_MAX_ACC``.
         max_response_length: tokens per response, observations included.
-        The rest: as `lmrl.trainer.demo.run_demo`.
+        The rest: as `lmrl.demos.digits.run_demo`.
     """
     from lmrl.logging.plot import plot_run
     from lmrl.models.tiny import build_tiny_model
@@ -209,7 +209,7 @@ def run_search_demo(
         f"rollout.multi_turn.enable={str(search).lower()}",
         "rollout.multi_turn.tools=[search]",
         f"rollout.multi_turn.max_turns={max_turns}",
-        f"retriever.corpus={_yaml_str(data['corpus'])}",
+        f"retriever.source={_yaml_str(data['corpus'])}",
         f"retriever.topk={topk}",
         "actor.state_masking=true",
         f"trainer.experiment_name=search-{'grpo' if search else 'no-tool'}",

@@ -248,7 +248,7 @@ def run_sft(
         directory RL starts from.
     """
     from lmrl.config.sft import load_sft_config
-    from lmrl.trainer.sft import SFTTrainer
+    from lmrl.trainer.sft import SFTTrainer, build_sft
 
     from_truth = _has_ground_truth_only(data["sft"])
     # a validation loss needs the validation rows in the SFT file's layout
@@ -275,7 +275,7 @@ def run_sft(
         ],
     )
     start = time.perf_counter()
-    trainer = SFTTrainer(cfg)
+    trainer = SFTTrainer(build_sft(cfg))
     accuracy = GreedyAccuracy(
         trainer.model, trainer.tokenizer, data["test"], max_new_tokens, 64, agent=agent
     )
@@ -306,7 +306,7 @@ def run_sft(
             print(f"step {step}: greedy validation accuracy {acc:.3f}", flush=True)
         return state["stopped"]
 
-    trainer.fit(stop=stop)
+    trainer.fit(on_step_end=stop)
     if not state["stopped"]:  # ran to the step cap: measure the model it exported
         state["acc"] = accuracy()
     return {
@@ -343,12 +343,12 @@ def run_rl(
     warmup_steps: int = 0,
     overrides: Sequence[str] = (),
     task: str = TASK,
-    save: bool = True,
 ) -> dict[str, Any]:
-    """GRPO from ``model_dir`` until validation accuracy reaches ``target_acc`` or ``steps``.
+    """GRPO from ``model_dir`` until validation accuracy reaches ``target_acc`` or ``steps``:
+    the ``fit`` that ``lmrl train`` runs, stopped early by its ``on_step_end``.
 
     Validation runs before the first step, every ``test_freq`` steps and after the last; the
-    checkpoint is written once, at the end (unless ``save`` is false). ``overrides`` are extra
+    checkpoint is written once, at the end, with ``final/``. ``overrides`` are extra
     ``lmrl train`` keys (another estimator, a KL, ...); ``task`` names the data source whose
     ``val/<task>/acc`` is the accuracy.
 
@@ -378,6 +378,7 @@ def run_rl(
             f"trainer.total_training_steps={steps}",
             f"trainer.test_freq={test_freq}",
             "trainer.save_freq=-1",
+            "trainer.val_before_train=true",
             "trainer.resume_mode=disable",
             f"trainer.logger={'[console]' if console else '[]'}",
             f"trainer.default_local_dir={_yaml_str(run_dir)}",
@@ -390,33 +391,19 @@ def run_rl(
     )
     start = time.perf_counter()
     trainer = Trainer(build_run(cfg), cfg.trainer)
-    acc_key, checkpoint = f"val/{task}/acc", None
-    history: list[dict[str, float]] = []
-    try:
-        trainer.start()
-        before = trainer.validate()
-        trainer.log_metrics(before, step=0)
-        acc = before[acc_key]
-        while trainer.global_step < trainer.total_steps:
-            metrics = trainer.step()
-            step = trainer.global_step
-            if step % test_freq == 0 or step == trainer.total_steps:
-                metrics |= trainer.validate()
-                acc = metrics[acc_key]
-            history.append(metrics)
-            trainer.log_metrics(metrics, step=step)
-            if acc_key in metrics and acc >= target_acc:
-                break
-        if save:
-            checkpoint = trainer.save_checkpoint()
-    finally:
-        trainer.close()
+    acc_key = f"val/{task}/acc"
+
+    def reached(step: int, metrics: dict[str, float]) -> bool:
+        return metrics.get(acc_key, -math.inf) >= target_acc
+
+    history = trainer.fit(on_step_end=reached)
+    validations = trainer.validations
     return {
         "dir": trainer.run_dir,
-        "checkpoint": checkpoint,
+        "checkpoint": trainer.run_dir / f"global_step_{trainer.global_step}",
         "steps": trainer.global_step,
-        "acc_before": before[acc_key],
-        "acc": acc,
+        "acc_before": validations[0][acc_key],
+        "acc": validations[max(validations)][acc_key],
         "seconds": time.perf_counter() - start,
         "history": history,
     }

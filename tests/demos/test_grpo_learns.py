@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lmrl.trainer.demo import run_demo
+from lmrl.demos.digits import run_demo
 
 pytestmark = pytest.mark.slow
 

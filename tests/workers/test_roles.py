@@ -1,0 +1,192 @@
+"""Every implementation of a worker role against its `typing.Protocol` (``lmrl.workers.roles``):
+the same method names, with the same parameter names, kinds and defaults, for the local
+workers, the Ray stand-ins and the trainer tests' fakes; and the Ray actor's log-probs with the
+entropy, dispatched over in-process ranks. No Ray anywhere: the stand-ins are plain classes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pytest
+import torch
+
+from lmrl.models import load_causal_lm
+from lmrl.rewards.managers import BatchRewardManager, DAPORewardManager, RewardManager
+from lmrl.rollout.agent import AgentLoop
+from lmrl.rollout.hf import HFEngine
+from lmrl.workers.actor import ActorWorker
+from lmrl.workers.critic import CriticWorker
+from lmrl.workers.dist import DataParallel
+from lmrl.workers.group import (
+    GroupActor,
+    GroupCritic,
+    GroupEngine,
+    GroupReference,
+    GroupReward,
+    RankWorker,
+    RayWorkerGroup,
+    _Trained,
+)
+from lmrl.workers.reference import ReferenceWorker
+from lmrl.workers.reward import RewardWorker
+from lmrl.workers.roles import ActorRole, CriticRole, EngineRole, ReferenceRole, RewardRole
+
+
+def _load(path: Path) -> ModuleType:
+    """A test module by its path (the trainer tests' fakes live in theirs)."""
+    spec = importlib.util.spec_from_file_location(f"_roles_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+STEP_PARTS = _load(Path(__file__).parents[1] / "trainer" / "test_step_parts.py")
+
+IMPLEMENTATIONS = {
+    ActorRole: [ActorWorker, GroupActor, STEP_PARTS.FakeActor],
+    CriticRole: [CriticWorker, GroupCritic],
+    ReferenceRole: [ReferenceWorker, GroupReference],
+    EngineRole: [HFEngine, AgentLoop, GroupEngine],
+    RewardRole: [
+        RewardManager, BatchRewardManager, DAPORewardManager, RewardWorker, GroupReward,
+        STEP_PARTS.FakeReward,
+    ],
+}  # fmt: skip
+
+
+def role_methods(role: type) -> list[str]:
+    """The methods a role declares, its own and its bases' (``__call__`` included)."""
+    return sorted(
+        {
+            name
+            for cls in role.__mro__
+            if cls.__module__ == ActorRole.__module__  # not Protocol, Generic, object
+            for name, member in vars(cls).items()
+            if inspect.isfunction(member) and (not name.startswith("_") or name == "__call__")
+        }
+    )
+
+
+def _defined(cls: type, name: str):
+    """``name`` as a class of ``cls``'s MRO defines it (never ``type.__call__``), or None."""
+    return next((vars(c)[name] for c in cls.__mro__[:-1] if name in vars(c)), None)
+
+
+def _params(fn) -> list[tuple[str, inspect._ParameterKind, object]]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def mismatches(role: type, cls: type) -> list[str]:
+    """How ``cls`` differs from ``role``: a method missing, or another parameter list."""
+    problems = []
+    for name in role_methods(role):
+        got = _defined(cls, name)
+        if got is None:
+            problems.append(f"{cls.__qualname__} has no {name} (the {role.__name__} method)")
+            continue
+        want = getattr(role, name)
+        if _params(got) != _params(want):
+            problems.append(
+                f"{cls.__qualname__}.{name}{inspect.signature(got)} is not "
+                f"{role.__name__}.{name}{inspect.signature(want)}"
+            )
+    return problems
+
+
+CASES = [(role, cls) for role, classes in IMPLEMENTATIONS.items() for cls in classes]
+
+
+@pytest.mark.parametrize(
+    "role,cls", CASES, ids=[f"{r.__name__}-{c.__qualname__}" for r, c in CASES]
+)
+def test_every_implementation_has_the_methods_and_arguments_of_its_role(role, cls):
+    assert mismatches(role, cls) == []
+
+
+def test_the_roles_declare_verl_s_method_names():
+    trained = ["load_model_state", "load_state_dict", "model_state", "state_dict"]
+    assert role_methods(ActorRole) == sorted(["compute_log_probs", "update_actor", *trained])
+    assert role_methods(CriticRole) == sorted(["compute_values", "update_critic", *trained])
+    assert role_methods(ReferenceRole) == ["compute_log_probs"]
+    assert role_methods(RewardRole) == ["__call__", "check_dataset", "close"]
+    assert role_methods(EngineRole) == ["close", "generate"]
+
+
+class _Renamed(_Trained):  # update_actor under its old name
+    compute_log_probs = GroupActor.compute_log_probs
+    update_policy = GroupActor.update_actor
+
+
+class _OtherDefault(_Trained):
+    update_actor = GroupActor.update_actor
+
+    def compute_log_probs(self, batch, with_entropy=True): ...
+
+
+class _Positional(_Trained):
+    compute_log_probs = GroupActor.compute_log_probs
+
+    def update_actor(self, batch, old_log_probs_from_update=False): ...
+
+
+class _OtherName(_Trained):
+    update_actor = GroupActor.update_actor
+
+    def compute_log_probs(self, rows, with_entropy=False): ...
+
+
+@pytest.mark.parametrize("cls", [_Renamed, _OtherDefault, _Positional, _OtherName])
+def test_a_method_or_argument_changed_on_one_implementation_is_caught(cls):
+    assert len(mismatches(ActorRole, cls)) == 1
+
+
+def test_the_roles_and_the_ray_stand_ins_import_without_ray():
+    code = (
+        "import sys\n"
+        "sys.modules['ray'] = None  # any `import ray` fails\n"
+        "import lmrl.workers.roles, lmrl.workers.group, lmrl.workers.backend\n"
+        "import lmrl.workers.reward, lmrl.trainer\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+class InProcessGroup:
+    """A group's dispatch (`RayWorkerGroup.map_rows`) over `RankWorker`s of this process."""
+
+    map_rows = RayWorkerGroup.map_rows
+
+    def __init__(self, ranks: list[RankWorker]) -> None:
+        self.ranks, self.world_size = ranks, len(ranks)
+
+    def call_each(self, method: str, per_rank) -> list:
+        return [getattr(r, method)(*a) for r, a in zip(self.ranks, per_rank, strict=True)]
+
+
+@pytest.mark.parametrize("world_size", [2, 8])  # 8 ranks for 6 rows: two ranks get none
+def test_the_group_actor_gathers_log_probs_and_entropy_like_one_worker(
+    tiny_dir, batch_factory, actor_factory, world_size
+):
+    actor = actor_factory(load_causal_lm(tiny_dir).double())
+    ranks = []
+    for rank in range(world_size):
+        worker = RankWorker("actor", rank, world_size, threads=torch.get_num_threads())
+        worker.workers, worker.dp = SimpleNamespace(actor=actor), DataParallel()
+        ranks.append(worker)
+    group = GroupActor(InProcessGroup(ranks))
+    batch = batch_factory()
+    want, want_entropy = actor.compute_log_probs(batch, with_entropy=True)
+
+    log_probs, entropy = group.compute_log_probs(batch, with_entropy=True)
+    torch.testing.assert_close(log_probs, want, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(entropy, want_entropy, atol=1e-10, rtol=1e-10)
+    assert (entropy[batch["response_mask"]] > 0).all()
+    only, none = group.compute_log_probs(batch)
+    torch.testing.assert_close(only, want, atol=1e-10, rtol=1e-10)
+    assert none is None
