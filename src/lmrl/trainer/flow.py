@@ -227,7 +227,7 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
     trackers = make_trackers(
         t.logger, start.run_dir, t.project_name, t.experiment_name, config_dict=asdict(cfg),
         total_steps=t.total_training_steps,
-        start_step=int(start.resume_from.name.rsplit("_", 1)[1]) if start.resume_from else 0,
+        start_step=start.start_step,
     )  # fmt: skip
     return FlowParts(
         config=cfg, start=start, train_prompts=train_prompts, val_prompts=val_prompts,

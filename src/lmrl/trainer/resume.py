@@ -216,6 +216,11 @@ class RunStart:
     resume_from: Path | None = None
     config_changes: list[tuple[str, Any, Any]] = field(default_factory=list)
 
+    @property
+    def start_step(self) -> int:
+        """The step the run resumes at (the checkpoint's ``global_step_<N>``), 0 when fresh."""
+        return int(self.resume_from.name.rsplit("_", 1)[1]) if self.resume_from else 0
+
     def begin(self, step: int) -> None:
         """The run really starts: write ``config.yaml``, keeping a changed one's old file as
         ``config.step<step>.yaml`` and naming each change."""

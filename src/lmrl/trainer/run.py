@@ -242,10 +242,11 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
     """
     train = purpose == "train"
     run_dir = Path(cfg.trainer.default_local_dir)
-    resume_from, changes = None, []
+    resume_from, changes, start_step = None, [], 0
     if train:
         start = open_run(cfg, "lmrl train")
         resume_from, changes = start.resume_from, start.config_changes
+        start_step = start.start_step
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
     tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
@@ -289,7 +290,7 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
             trackers = make_trackers(
                 cfg.trainer.logger, run_dir, cfg.trainer.project_name,
                 cfg.trainer.experiment_name, config_dict=config_to_dict(cfg),
-                total_steps=total_steps, start_step=_step_of(resume_from),
+                total_steps=total_steps, start_step=start_step,
             )  # fmt: skip
     except BaseException:
         reward.close()
@@ -322,10 +323,6 @@ def evaluate(cfg: Config, checkpoint: Path) -> dict[str, float]:
         return validate(parts)
     finally:
         parts.close()
-
-
-def _step_of(checkpoint: Path | None) -> int:
-    return int(checkpoint.name.rsplit("_", 1)[1]) if checkpoint is not None else 0
 
 
 def _dataset(cfg: Config, files, tokenizer) -> RLDataset:

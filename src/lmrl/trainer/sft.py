@@ -109,7 +109,7 @@ def build_sft(cfg: SFTConfig) -> SFTParts:
     t = cfg.trainer
     trackers = make_trackers(
         t.logger, start.run_dir, t.project_name, t.experiment_name, config_dict=asdict(cfg),
-        total_steps=total_steps, start_step=_step_of(start.resume_from),
+        total_steps=total_steps, start_step=start.start_step,
     )  # fmt: skip
     log.info(
         "sft: %d examples (%d trained tokens), %d steps of %d, on %s",
@@ -126,10 +126,6 @@ def _dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
         messages_key=d.messages_key, response_from_ground_truth=d.response_from_ground_truth,
         mask_pattern=d.mask_pattern, max_length=d.max_length, truncation=d.truncation,
     )  # fmt: skip
-
-
-def _step_of(checkpoint: Path | None) -> int:
-    return int(checkpoint.name.rsplit("_", 1)[1]) if checkpoint is not None else 0
 
 
 class SFTTrainer:
