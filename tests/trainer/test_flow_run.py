@@ -71,6 +71,10 @@ def test_a_flow_run_trains_validates_checkpoints_and_plots(flow_workspace, tmp_p
     }
     assert (run / "global_step_2").is_dir() and (run / "global_step_4").is_dir()
     assert plot_run(run).is_file()
+    from lmrl.flow.image_model import ImageFlow
+
+    exported = ImageFlow.load(run / "final").state_dict()  # final/ is a model path
+    assert all(torch.equal(exported[k], v.cpu()) for k, v in trainer.model.state_dict().items())
 
 
 @pytest.mark.parametrize("extra", [(), ("actor.ema=true", "actor.ema_every=1")])
@@ -268,3 +272,26 @@ def test_the_flow_program_runs_over_parts_a_test_may_replace(flow_workspace, tmp
             assert metrics["actor/pg_loss"] != 0.0
             after = trainer.model.state_dict()
             assert any(not torch.equal(before[k], v) for k, v in after.items())
+
+
+def test_a_lora_run_exports_the_merged_model(flow_workspace, tmp_path):
+    from lmrl.flow.image_model import ImageFlow
+
+    run = tmp_path / "run"
+    trainer = flow_trainer(
+        _args(
+            flow_workspace,
+            run,
+            "model.lora_rank=4",
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=false",
+            "actor.optim.lr=1e-2",
+        )  # fmt: skip
+    )
+    trainer.fit()
+    exported = ImageFlow.load(run / "final")  # a plain image model: LoRA merged
+    merged = trainer.model.merge_and_unload().state_dict()
+    assert exported.state_dict().keys() == merged.keys()
+    assert all(torch.allclose(exported.state_dict()[k], v) for k, v in merged.items())
+    base = ImageFlow.load(flow_workspace / "model").state_dict()
+    assert any(not torch.equal(base[k], v) for k, v in exported.state_dict().items())

@@ -279,12 +279,14 @@ def run_sft(
     accuracy = GreedyAccuracy(
         trainer.model, trainer.tokenizer, data["test"], max_new_tokens, 64, agent=agent
     )
-    state: dict[str, Any] = {"stopped": False, "acc": None, "previous": None, "rolled_back": False}
+    state: dict[str, Any] = {"stopped": False, "acc": None, "previous": None, "rolled_back": False,
+                             "checked": None}  # fmt: skip
 
     def stop(step: int, metrics: dict[str, float]) -> bool:
         if metrics["sft/loss"] >= check_loss or step % check_every:
             return False
         acc = metrics["sft/val_acc"] = accuracy()
+        state["checked"] = step
         if stop_below is not None:
             state["acc"], state["stopped"] = acc, acc <= stop_below
             if console:
@@ -307,7 +309,7 @@ def run_sft(
         return state["stopped"]
 
     trainer.fit(on_step_end=stop)
-    if not state["stopped"]:  # ran to the step cap: measure the model it exported
+    if state["checked"] != trainer.global_step:  # the exported model was not measured yet
         state["acc"] = accuracy()
     return {
         "dir": trainer.run_dir,

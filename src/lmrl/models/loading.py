@@ -291,19 +291,33 @@ def export_pretrained(
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
-    out = Path(out_dir)
+    def write(tmp: Path) -> None:
+        config = load_config(base_path, trust_remote_code)
+        config.use_cache = True
+        config.save_pretrained(tmp)
+        with contextlib.suppress(OSError):  # the base has no generation_config.json
+            GenerationConfig.from_pretrained(str(base_path)).save_pretrained(tmp)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
+        save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+
+    return write_dir_atomically(out_dir, write)
+
+
+def write_dir_atomically(out: str | Path, write) -> Path:
+    """Build the directory ``out`` with ``write(tmp)`` in a temporary sibling
+    (``.<name>.tmp``), then rename it into place (replacing an older ``out``): a run killed
+    meanwhile never leaves a half-written ``out``."""
+    out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    config = load_config(base_path, trust_remote_code)
-    config.use_cache = True
-    config.save_pretrained(tmp)
-    with contextlib.suppress(OSError):  # the base has no generation_config.json
-        GenerationConfig.from_pretrained(str(base_path)).save_pretrained(tmp)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in weights.items()}
-    save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
-    if tokenizer is not None:
-        tokenizer.save_pretrained(tmp)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

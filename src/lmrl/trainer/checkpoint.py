@@ -193,22 +193,3 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 def load_state(path: Path) -> dict[str, Any]:
     """``state.pt`` of a checkpoint, loaded with ``weights_only=True``."""
     return torch.load(Path(path) / "state.pt", weights_only=True, map_location="cpu")
-
-
-def write_dir_atomically(out: Path, write) -> Path:
-    """Build the directory ``out`` with ``write(tmp)`` in a temporary sibling, then rename it
-    into place (replacing an older ``out``): a run killed meanwhile leaves ``out`` as it was.
-    """
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        write(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out

@@ -44,16 +44,10 @@ from lmrl.flow.image_model import ImageFlow
 from lmrl.flow.rewards import load_image_reward
 from lmrl.flow.rollout import FlowSampler
 from lmrl.logging import make_trackers
-from lmrl.models.loading import resolve_device
-from lmrl.trainer.checkpoint import (
-    load_state,
-    read_weights,
-    rng_state,
-    set_rng_state,
-    write_dir_atomically,
-)
+from lmrl.models.loading import resolve_device, write_dir_atomically
+from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
 from lmrl.trainer.health import RunHealth
-from lmrl.trainer.loop import RunLoop, StepEnd, resume
+from lmrl.trainer.loop import RunsOnLoop, resume
 from lmrl.trainer.metrics import zero_spread_fraction
 from lmrl.trainer.resume import RunStart, open_run
 
@@ -237,7 +231,7 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
     )  # fmt: skip
 
 
-class FlowTrainer:
+class FlowTrainer(RunsOnLoop):
     """Flow-GRPO as a program of the run loop (``lmrl.trainer.loop``): the loop brings the
     cadence, checkpoints with exact resume, signals, health, trackers and ``final/``.
 
@@ -248,6 +242,7 @@ class FlowTrainer:
     def __init__(self, parts: FlowParts) -> None:
         self.parts = parts
         self.cfg = parts.config
+        self.settings = parts.config.trainer
         self.start = parts.start
         self.run_dir = parts.start.run_dir
         self.device = parts.device
@@ -260,7 +255,6 @@ class FlowTrainer:
         self.total_steps = self.cfg.trainer.total_training_steps
         self.health = RunHealth(None)
         self.global_step = 0
-        self.loop: RunLoop | None = None
         resume(self)
 
     @property
@@ -393,31 +387,11 @@ class FlowTrainer:
     def export(self) -> Path:
         """Write ``run_dir/final``: the image model (LoRA merged, the weights' average when
         ``actor.ema``), loadable as ``model.path`` of another run."""
-        model = self.model
         with self.ema.applied() if self.ema is not None else nullcontext():
-            if self.cfg.model.lora_rank > 0:
-                model = copy.deepcopy(model).merge_and_unload()
-            image_model = copy.deepcopy(model).to("cpu")
+            image_model = copy.deepcopy(self.model).to("cpu")
+        if self.cfg.model.lora_rank > 0:
+            image_model = image_model.merge_and_unload()
         return write_dir_atomically(self.run_dir / "final", image_model.save)
 
     def close(self) -> None:
         self.trackers.close()
-
-    # ------------------------------------------------------------------ the run
-    def fit(self, on_step_end: StepEnd | None = None) -> list[dict[str, float]]:
-        """Run to ``trainer.total_training_steps`` on the run loop: validation before, every
-        ``test_freq`` steps and at the end; checkpoints every ``save_freq`` steps and at the
-        end; ``final/``. Returns each step's metrics (`validations` holds the validations).
-        """
-        self.loop = RunLoop(self, self.cfg.trainer, on_step_end=on_step_end)
-        return self.loop.run()
-
-    @property
-    def validations(self) -> dict[int, dict[str, float]]:
-        """Validation metrics by step of the last `fit` (0 = before the first step)."""
-        return self.loop.validations if self.loop is not None else {}
-
-    @property
-    def exit_code(self) -> int:
-        """0 after a finished run; 130 (SIGINT) or 143 (SIGTERM) after an interrupted one."""
-        return self.loop.exit_code if self.loop is not None else 0

@@ -44,7 +44,7 @@ from lmrl.trainer.signals import EXIT_CODES, StopOnSignal
 
 log = logging.getLogger("lmrl.trainer")
 
-__all__ = ["Health", "Program", "RunLoop", "StepEnd", "resume"]
+__all__ = ["Health", "Program", "RunLoop", "RunsOnLoop", "StepEnd", "resume"]
 
 StepEnd = Callable[[int, dict[str, float]], bool]
 """``on_step_end(step, metrics) -> stop``: asked after each step, before it is logged."""
@@ -287,6 +287,47 @@ class RunLoop:
                                   "the last checkpoint holds the same weights") from None  # fmt: skip
         log.info("final model written: %s", path)
         return path
+
+
+class RunsOnLoop:
+    """``fit`` for a program, and what its last run left: the same for every program.
+
+    A program sets ``settings`` (its config's ``trainer`` section) and may set ``on_stage``.
+    """
+
+    settings: RunSettings
+    on_stage: Callable[[str], None] | None = None
+    loop: RunLoop | None = None  # the loop of the last fit()
+
+    def fit(self, on_step_end: StepEnd | None = None) -> list[dict[str, float]]:
+        """Run the remaining steps on the run loop (validation, checkpoints, ``final/``,
+        signals, health, trackers); returns each step's metrics.
+
+        Args:
+            on_step_end: ``on_step_end(step, metrics) -> stop``, asked after each step; True
+                ends the run there (validated, saved and exported like a last step).
+        """
+        self.loop = RunLoop(self, self.settings, self.on_stage, on_step_end)
+        return self.loop.run()
+
+    @property
+    def stopped_by(self) -> str | None:
+        """The signal that interrupted the last `fit`, if any."""
+        return self.loop.stopped_by if self.loop is not None else None
+
+    @property
+    def exit_code(self) -> int:
+        """0 after a finished run; 130 (SIGINT) or 143 (SIGTERM) after an interrupted one."""
+        return self.loop.exit_code if self.loop is not None else 0
+
+    @property
+    def validations(self) -> dict[int, dict[str, float]]:
+        """Validation metrics by step of the last `fit` (0 = before the first step)."""
+        return self.loop.validations if self.loop is not None else {}
+
+    def save_checkpoint(self) -> Path:
+        """Write ``global_step_<N>`` now (atomically); returns its path."""
+        return (self.loop or RunLoop(self, self.settings, self.on_stage)).save_checkpoint()
 
 
 def _every(freq: int, step: int) -> bool:

@@ -39,7 +39,7 @@ from lmrl.models.loading import export_pretrained, load_causal_lm, load_tokenize
 from lmrl.models.lora import apply_lora, merged_state
 from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
 from lmrl.trainer.health import SFTHealth
-from lmrl.trainer.loop import RunLoop, StepEnd, resume
+from lmrl.trainer.loop import RunsOnLoop, resume
 from lmrl.trainer.metrics import StageTimer, to_floats
 from lmrl.trainer.resume import RunStart, open_run
 from lmrl.workers.build import seed_everything
@@ -128,7 +128,7 @@ def _dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
     )  # fmt: skip
 
 
-class SFTTrainer:
+class SFTTrainer(RunsOnLoop):
     """Supervised fine-tuning as a program of the run loop (``lmrl.trainer.loop``).
 
     Args:
@@ -145,6 +145,7 @@ class SFTTrainer:
     def __init__(self, parts: SFTParts) -> None:
         self.parts = parts
         self.cfg = parts.config
+        self.settings = parts.config.trainer
         self.start = parts.start
         self.run_dir = parts.start.run_dir
         self.final_dir = self.run_dir / "final"
@@ -156,7 +157,6 @@ class SFTTrainer:
         self.total_steps = parts.total_steps
         self.global_step = 0
         self.health = SFTHealth(self.total_steps)
-        self.loop: RunLoop | None = None
         resume(self)
 
     @property
@@ -227,27 +227,6 @@ class SFTTrainer:
 
     def close(self) -> None:
         self.trackers.close()
-
-    # ---------------------------------------------------------------------- fit
-    def fit(self, on_step_end: StepEnd | None = None) -> list[dict[str, float]]:
-        """Run the remaining steps on the run loop; returns each step's metrics.
-
-        Writes ``metrics.jsonl`` (and the trackers of ``trainer.logger``), a resumable
-        checkpoint ``global_step_N`` every ``trainer.save_freq`` steps and at the end, and the
-        model to ``final``. The first SIGINT/SIGTERM saves and stops (`exit_code` 130/143).
-
-        Args:
-            on_step_end: ``on_step_end(step, metrics) -> stop``, asked after each step; True
-                ends the run there (validated and exported to ``final`` like a last step). For
-                a warm start that must stop part-way, e.g. at a validation loss.
-        """
-        self.loop = RunLoop(self, self.cfg.trainer, on_step_end=on_step_end)
-        return self.loop.run()
-
-    @property
-    def exit_code(self) -> int:
-        """0 after a finished run; 130 (SIGINT) or 143 (SIGTERM) after an interrupted one."""
-        return self.loop.exit_code if self.loop is not None else 0
 
 
 __all__ = ["SFTParts", "SFTTrainer", "build_sft"]

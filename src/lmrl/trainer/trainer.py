@@ -33,7 +33,7 @@ from lmrl.models.loading import export_pretrained
 from lmrl.models.lora import merged_state
 from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
 from lmrl.trainer.health import RunHealth
-from lmrl.trainer.loop import RunLoop, StepEnd, resume
+from lmrl.trainer.loop import RunsOnLoop, resume
 from lmrl.trainer.metrics import StageTimer, data_metrics, engine_gap, throughput, to_floats
 from lmrl.trainer.resume import RunStart
 from lmrl.trainer.run import RunParts
@@ -42,7 +42,7 @@ from lmrl.trainer.stages import rollout_and_score, validate
 log = logging.getLogger("lmrl.trainer")
 
 
-class Trainer:
+class Trainer(RunsOnLoop):
     """Runs the step over a run's parts, with validation, checkpoints and resume.
 
     Args:
@@ -57,7 +57,7 @@ class Trainer:
         self, parts: RunParts, cfg: TrainerConfig, on_stage: Callable[[str], None] | None = None
     ) -> None:
         self.parts = parts
-        self.cfg = cfg
+        self.cfg = self.settings = cfg
         tokenizer = parts.tokenizer
         self.health = RunHealth(len(tokenizer) if tokenizer is not None else None)
         self.on_stage = on_stage or (lambda name: None)
@@ -65,7 +65,6 @@ class Trainer:
         self.total_steps = parts.total_steps
         self.global_step = 0
         self.last_batch: Batch | None = None
-        self.loop: RunLoop | None = None  # the loop of the last fit()
         resume(self)
 
     # ---------------------------------------------------------------------- step
@@ -156,32 +155,6 @@ class Trainer:
     def has_validation(self) -> bool:
         return self.parts.val_data is not None
 
-    # ----------------------------------------------------------------------- fit
-    def fit(self, on_step_end: StepEnd | None = None) -> list[dict[str, float]]:
-        """Run the remaining steps on the run loop (``lmrl.trainer.loop.RunLoop``: validation,
-        checkpoints, ``run_dir/final``, signals, health, trackers); returns each step's metrics.
-
-        Args:
-            on_step_end: ``on_step_end(step, metrics) -> stop``, asked after each step.
-        """
-        self.loop = RunLoop(self, self.cfg, on_stage=self.on_stage, on_step_end=on_step_end)
-        return self.loop.run()
-
-    @property
-    def stopped_by(self) -> str | None:
-        """The signal that interrupted `fit`, if any."""
-        return self.loop.stopped_by if self.loop is not None else None
-
-    @property
-    def exit_code(self) -> int:
-        """0 after a finished run; 130 (SIGINT) or 143 (SIGTERM) after an interrupted one."""
-        return self.loop.exit_code if self.loop is not None else 0
-
-    @property
-    def validations(self) -> dict[int, dict[str, float]]:
-        """Validation metrics by step of the last `fit` (0 = before the first step)."""
-        return self.loop.validations if self.loop is not None else {}
-
     @property
     def start(self) -> RunStart:
         return self.parts.start
@@ -235,10 +208,6 @@ class Trainer:
         if p.kl_ctrl is not None:
             state["kl_ctrl"] = p.kl_ctrl.state_dict()
         return state
-
-    def save_checkpoint(self) -> Path:
-        """Write ``global_step_<N>`` now (atomically); returns its path."""
-        return (self.loop or RunLoop(self, self.cfg, on_stage=self.on_stage)).save_checkpoint()
 
     def export(self) -> Path:
         """Write ``run_dir/final``: the policy as a plain Hugging Face model directory (LoRA

@@ -61,17 +61,30 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def ray_processes(temp_dir: str) -> list[int]:
-    """Pids of live processes whose command line names ``temp_dir`` (this instance's)."""
-    found = []
+    """Pids of live processes of this instance: those whose command line names ``temp_dir``,
+    and their descendants (the raylet's dashboard and runtime-env agents rename themselves
+    ``ray::DashboardAgent``..., so their command lines no longer name it). Zombies excluded."""
+    me, found, children = os.getpid(), [], {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit() or int(entry) == me:
             continue
         try:
             cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        if fields[0] == "Z":
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
         if temp_dir.encode() in cmd and b"--reap" not in cmd:
             found.append(int(entry))
+    queue = list(found)
+    while queue:
+        for child in children.get(queue.pop(), []):
+            if child not in found:
+                found.append(child)
+                queue.append(child)
     return found
 
 
