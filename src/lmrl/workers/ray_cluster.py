@@ -77,7 +77,7 @@ def ray_processes(temp_dir: str) -> list[int]:
         if fields[0] == "Z":
             continue
         children.setdefault(int(fields[1]), []).append(int(entry))
-        if temp_dir.encode() in cmd and b"--reap" not in cmd:
+        if b"--reap" not in cmd and (temp_dir.encode() in cmd or _writes_in(entry, temp_dir)):
             found.append(int(entry))
     queue = list(found)
     while queue:
@@ -86,6 +86,20 @@ def ray_processes(temp_dir: str) -> list[int]:
                 found.append(child)
                 queue.append(child)
     return found
+
+
+def _writes_in(pid: str, temp_dir: str) -> bool:
+    """The process holds a file of ``temp_dir`` open (an agent's log, after it renamed itself
+    and left its parent's tree)."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(temp_dir):
+                return True
+    return False
 
 
 def kill_processes(temp_dir: str, timeout_s: float = 10.0) -> list[int]:
