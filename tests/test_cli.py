@@ -501,6 +501,59 @@ TABLE = [
         ("lmrl train: error: actor.ppo_epochs=0 must be >= 1",),
         not_says=("critic.", "config errors"),
     ),
+    # issue 31 §3: --out never writes over a model or data unasked; pretrain-flow's and
+    # tasks' arguments are checked (another command's run directory: tests/trainer/test_run_dirs.py)
+    Row(
+        "pretrain-flow-over-a-model",
+        ["pretrain-flow", "{DATA}", "--out", "{FINAL}", "--steps", "1"],
+        2,
+        ("lmrl pretrain-flow: error: {FINAL} is not empty", "--force"),
+        intact=("FINAL",),
+    ),
+    Row(
+        "pretrain-flow-on-a-text-task",
+        ["pretrain-flow", "{DATA}", "--out", "{MISSING}", "--steps", "1"],
+        2,
+        ("{DATA}: no column 'image', 'shape'", "not an images file", "lmrl tasks shapes"),
+    ),
+    Row(
+        "pretrain-flow-not-a-parquet",
+        ["pretrain-flow", "{NOTES}", "--out", "{MISSING}", "--steps", "1"],
+        2,
+        ("{NOTES}: not a readable parquet file", "lmrl tasks shapes"),
+        intact=("NOTES",),
+    ),
+    Row(
+        "pretrain-flow-zero-batch",
+        ["pretrain-flow", "{DATA}", "--out", "{MISSING}", "--batch-size", "0"],
+        2,
+        ("lmrl pretrain-flow: error: --batch-size must be >= 1, got 0",),
+    ),
+    Row(
+        "pretrain-flow-negative-lr",
+        ["pretrain-flow", "{DATA}", "--out", "{MISSING}", "--lr", "-1"],
+        2,
+        ("lmrl pretrain-flow: error: --lr must be a number > 0, got -1.0",),
+    ),
+    Row(
+        "tasks-over-a-model",
+        ["tasks", "digits", "--out", "{FINAL}"],
+        2,
+        ("lmrl tasks: error: {FINAL} is not empty", "--force to write the task over"),
+        intact=("FINAL",),
+    ),
+    Row(
+        "tasks-zero-train",
+        ["tasks", "shapes", "--out", "{MISSING}", "--num-train", "0"],
+        2,
+        ("lmrl tasks: error: --num-train must be >= 1, got 0",),
+    ),
+    Row(
+        "tasks-negative-test",
+        ["tasks", "digits", "--out", "{MISSING}", "--num-test", "-3"],
+        2,
+        ("lmrl tasks: error: --num-test must be >= 1, got -3",),
+    ),
 ]
 
 

@@ -15,20 +15,26 @@ import argparse
 import sys
 from pathlib import Path
 
-from lmrl.errors import LmrlError, ModelError
+from lmrl.errors import DataError, LmrlError, ModelError
+
+
+def _refuse_non_empty(out: Path, force: bool, what: str, error: type[LmrlError]) -> None:
+    """Raise ``error`` (one line) when ``out`` is a directory that holds something and
+    ``force`` is off: a command's ``--out`` never writes over a model or data unasked."""
+    if not force and out.is_dir() and any(out.iterdir()):
+        held = sorted(p.name for p in out.iterdir())
+        more = ", ..." if len(held) > 3 else ""
+        raise error(
+            f"{out} is not empty (it holds {', '.join(held[:3])}{more}); nothing was written: "
+            f"give a new directory, or --force to write the {what} over what is there"
+        )
 
 
 def _tiny_model(args: argparse.Namespace) -> int:
     from lmrl.models.tiny import build_tiny_model
 
     out = args.out_dir
-    if not args.force and out.is_dir() and any(out.iterdir()):
-        held = sorted(p.name for p in out.iterdir())
-        more = ", ..." if len(held) > 3 else ""
-        raise ModelError(
-            f"{out} is not empty (it holds {', '.join(held[:3])}{more}); nothing was written: "
-            "give a new directory, or --force to write the model over what is there"
-        )
+    _refuse_non_empty(out, args.force, "model", ModelError)
     path = build_tiny_model(out, arch=args.arch, size=args.size, seed=args.seed)
     print(f"tiny {args.arch} model ({args.size}) written to {path}")
     print(TINY_NEXT.format(model=path))
@@ -59,12 +65,17 @@ left to learn; docs/learning.md has the study behind these settings.
 
 
 def _tasks(args: argparse.Namespace) -> int:
-    from lmrl.data.tasks import TASKS, write_task
+    from lmrl.data.tasks import TASKS, get_task, write_task
 
     if args.name is None:
         for name in sorted(TASKS):
             print(name)
         return 0
+    get_task(args.name)  # an unknown name first
+    for flag, value in (("--num-train", args.num_train), ("--num-test", args.num_test)):
+        if value is not None and value < 1:
+            raise DataError(f"{flag} must be >= 1, got {value} (it is a number of examples)")
+    _refuse_non_empty(args.out, args.force, "task", DataError)
     paths = write_task(
         args.name, args.out, seed=args.seed, num_train=args.num_train, num_test=args.num_test
     )
@@ -152,8 +163,15 @@ def _pretrain_flow(args: argparse.Namespace) -> int:
             f"{args.images}: no such file (write one with `lmrl tasks shapes --out DIR`: "
             "DIR/images.parquet)"
         )
+    import math
+
     if args.steps < 1:
         raise LmrlError(f"--steps must be >= 1, got {args.steps}")
+    if args.batch_size < 1:
+        raise LmrlError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise LmrlError(f"--lr must be a number > 0, got {args.lr}")
+    _refuse_non_empty(args.out, args.force, "model", ModelError)
     from lmrl.flow.matching import pretrain_image_flow
 
     _, losses = pretrain_image_flow(
@@ -208,11 +226,27 @@ def _eval(args: argparse.Namespace) -> int:
     from lmrl.config import load_config
     from lmrl.errors import CheckpointError
     from lmrl.logging.configure import configure_logging
-    from lmrl.trainer.checkpoint import latest_checkpoint
+    from lmrl.trainer.checkpoint import scan_checkpoints
+    from lmrl.trainer.resume import run_owner, unloadable
 
     configure_logging(logging.INFO)
     path = args.path
-    checkpoint = latest_checkpoint(path) if (path / "config.yaml").exists() else path
+    run_dir = path if (path / "config.yaml").exists() else path.parent
+    owner = run_owner(run_dir) if (run_dir / "config.yaml").exists() else None
+    if owner not in (None, "lmrl train"):
+        raise CheckpointError(
+            f"{run_dir} was made by `{owner}`; `lmrl eval` evaluates checkpoints of `lmrl train`"
+        )
+    if run_dir == path:
+        checkpoint, skipped = scan_checkpoints(path)
+        if checkpoint is None and skipped:
+            raise CheckpointError(f"{path}: no checkpoint can be read ({unloadable(skipped)})")
+        for skipped_path, problem in skipped:
+            logging.getLogger("lmrl.trainer").warning(
+                "skipping checkpoint %s: %s", skipped_path, problem
+            )
+    else:
+        checkpoint = path
     if checkpoint is None or not (checkpoint.parent / "config.yaml").exists():
         raise CheckpointError(
             f"{path} is neither a run directory with a checkpoint nor a checkpoint "
@@ -278,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--force", action="store_true", help="write into --out even if it is not empty")
     p.set_defaults(func=_pretrain_flow)
 
     p = sub.add_parser("tiny-model", help="build a small model and tokenizer locally")
@@ -296,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-train", type=int, default=None)
     p.add_argument("--num-test", type=int, default=None)
+    p.add_argument("--force", action="store_true", help="write into --out even if it is not empty")
     p.set_defaults(func=_tasks)
 
     p = sub.add_parser("plot", help="draw a run's metrics.jsonl as a PNG (RUN_DIR/plot.png)")

@@ -286,7 +286,7 @@ def test_a_lora_run_exports_the_merged_model(flow_workspace, tmp_path):
             "trainer.total_training_steps=1",
             "trainer.val_before_train=false",
             "actor.optim.lr=1e-2",
-        )  # fmt: skip
+        )
     )
     trainer.fit()
     exported = ImageFlow.load(run / "final")  # a plain image model: LoRA merged

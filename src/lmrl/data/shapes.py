@@ -147,13 +147,49 @@ def write_images(out_dir: str | Path, seed: int = 0, num_images: int = 4096, siz
 
 
 def read_images(path: str | Path) -> tuple[np.ndarray, list[dict[str, str]]]:
-    """``images.parquet`` -> ``(images (N, H, W, 3) float32 in [0, 1], specs)``."""
+    """``images.parquet`` (of `write_images`) -> ``(images (N, H, W, 3) float32 in [0, 1], specs)``.
+
+    Raises:
+        DataError: not a parquet file, no rows, a column of `write_images` missing, an
+            attribute value the task does not have, or an ``image`` that is not an image of
+            the others' size (one line naming the file, row and column).
+    """
+    import pyarrow as pa
     import pyarrow.parquet as pq
     from PIL import Image
 
-    rows = pq.read_table(path).to_pylist()
-    images = np.stack(
-        [np.asarray(Image.open(io.BytesIO(r["image"])), dtype=np.float32) / 255 for r in rows]
-    )
-    specs = [{key: r[key] for key in ATTRIBUTES} for r in rows]
-    return images, specs
+    from lmrl.errors import DataError
+
+    hint = "give the images.parquet that `lmrl tasks shapes --out DIR` writes in DIR"
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as err:
+        why = (str(err).splitlines() or [type(err).__name__])[0]
+        raise DataError(f"{path}: not a readable parquet file ({why}); {hint}") from None
+    missing = [c for c in ("image", *ATTRIBUTES) if c not in table.column_names]
+    if missing:
+        raise DataError(
+            f"{path}: no column {', '.join(map(repr, missing))} (its columns: "
+            f"{', '.join(table.column_names[:8])}): not an images file; {hint}"
+        )
+    if table.num_rows == 0:
+        raise DataError(f"{path}: no rows; {hint}")
+    images, specs = [], []
+    for i, row in enumerate(table.select(["image", *ATTRIBUTES]).to_pylist()):
+        for key, values in ATTRIBUTES.items():
+            if row[key] not in values:
+                raise DataError(
+                    f"{path}: row {i}: column {key!r} is {row[key]!r}, not one of {list(values)}"
+                )
+        try:
+            image = np.asarray(Image.open(io.BytesIO(row["image"])).convert("RGB"))
+        except (OSError, TypeError, ValueError) as err:  # not image bytes
+            raise DataError(f"{path}: row {i}: column 'image' is not an image ({err})") from None
+        if images and image.shape != images[0].shape:
+            raise DataError(
+                f"{path}: row {i}: a {image.shape[1]}x{image.shape[0]} image among "
+                f"{images[0].shape[1]}x{images[0].shape[0]} ones"
+            )
+        images.append(image)
+        specs.append({key: row[key] for key in ATTRIBUTES})
+    return np.stack(images).astype(np.float32) / 255, specs

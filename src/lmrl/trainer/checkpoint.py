@@ -10,6 +10,8 @@ Writes are atomic: everything goes into ``.global_step_<N>.tmp``, each file is f
 ``manifest.json`` with every file's size and SHA-256 is written last, and only then is the
 directory renamed into place. A checkpoint without a manifest, or whose files do not match
 it, is corrupt: ``latest_checkpoint`` skips it (with a warning) for the previous good one.
+The manifest also names the command whose run wrote it (``"command": "lmrl sft"``), so a run
+directory is never resumed by another command (``lmrl.trainer.resume``).
 """
 
 from __future__ import annotations
@@ -97,9 +99,19 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model_state(model: torch.nn.Module, path: Path) -> None:
-    """Load weights saved by `model_state` (strict: every saved tensor must land)."""
-    state = load_file(path)
+    """Load weights saved by `model_state` (strict: every saved tensor must land).
+
+    Raises:
+        CheckpointError: unreadable weights, or weights of another model (a tensor of another
+            shape, one the model lacks, one the checkpoint lacks), in one line.
+    """
+    state = read_weights(path)
     current = model.state_dict()
+    shapes = [f"{n} is {tuple(t.shape)}, the model's {tuple(current[n].shape)}"
+              for n, t in state.items() if n in current and current[n].shape != t.shape]  # fmt: skip
+    if shapes:
+        more = f" (and {len(shapes) - 1} more)" if len(shapes) > 1 else ""
+        raise CheckpointError(f"{path}: weights of another model: {shapes[0]}{more}")
     saved_ptrs = {current[n].data_ptr() for n in state if n in current}
     tied = {n for n, t in current.items() if n not in state and t.data_ptr() in saved_ptrs}
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -116,6 +128,7 @@ def save_checkpoint(
     state: dict[str, Any],
     max_to_keep: int | None = None,
     before_manifest=None,
+    command: str | None = None,
 ) -> Path:
     """Write ``run_dir/global_step_<step>`` atomically; prune old ones beyond ``max_to_keep``.
 
@@ -125,6 +138,7 @@ def save_checkpoint(
         max_to_keep: keep only the newest this many checkpoints (None = all).
         before_manifest: called once the data files are written, before the manifest (a
             testing hook: a crash there must leave no usable checkpoint behind).
+        command: the command of the run (``lmrl train``...), written into the manifest.
     """
     run_dir = Path(run_dir)
     final = run_dir / f"global_step_{step}"
@@ -139,7 +153,10 @@ def save_checkpoint(
         _fsync(p)
     if before_manifest is not None:
         before_manifest()
-    manifest = {"step": step, "files": {p.name: [p.stat().st_size, _sha256(p)] for p in files}}
+    manifest: dict[str, Any] = {"step": step}
+    if command is not None:
+        manifest["command"] = command
+    manifest["files"] = {p.name: [p.stat().st_size, _sha256(p)] for p in files}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     _fsync(tmp / MANIFEST)
     if final.exists():
@@ -161,16 +178,31 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest of checkpoint ``path``, its ``files`` checked to be ``{name: [size, sha256]}``.
+
+    Raises:
+        OSError, ValueError, KeyError, TypeError: unreadable, not JSON, or another layout.
+    """
+    manifest = json.loads((Path(path) / MANIFEST).read_text())
+    files = manifest["files"]
+    if not isinstance(files, dict) or not all(
+        isinstance(v, list) and len(v) == 2 and isinstance(v[0], int) and isinstance(v[1], str)
+        for v in files.values()
+    ):
+        raise TypeError("'files' is not {name: [size, sha256]}")
+    return manifest
+
+
 def check_checkpoint(path: Path) -> str | None:
-    """None if ``path`` is a complete checkpoint, else what is wrong with it."""
-    manifest_path = Path(path) / MANIFEST
-    if not manifest_path.is_file():
+    """None if ``path`` is a complete checkpoint, else what is wrong with it (one line)."""
+    if not (Path(path) / MANIFEST).is_file():
         return "no manifest (an interrupted save)"
     try:
-        manifest = json.loads(manifest_path.read_text())
-        files = manifest["files"]
-    except (ValueError, KeyError) as err:
-        return f"unreadable manifest: {err}"
+        files = _read_manifest(path)["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        why = f"no {err}" if isinstance(err, KeyError) else _first_line(err)
+        return f"unreadable {MANIFEST} ({why})"
     for name, (size, digest) in files.items():
         p = Path(path) / name
         if not p.is_file():
@@ -180,14 +212,38 @@ def check_checkpoint(path: Path) -> str | None:
     return None
 
 
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete checkpoint in ``run_dir``; corrupt ones are skipped with a warning."""
+def _first_line(err: BaseException) -> str:
+    return (str(err).splitlines() or [type(err).__name__])[0]
+
+
+def checkpoint_command(path: Path) -> str | None:
+    """The command whose run wrote checkpoint ``path`` (its manifest's ``command``), or None:
+    unreadable, or written before manifests named it."""
+    try:
+        command = _read_manifest(path).get("command")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return command if isinstance(command, str) else None
+
+
+def scan_checkpoints(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest complete checkpoint of ``run_dir`` (None if none), and ``(path, problem)``
+    of each newer one that is not complete (all of them when none is), newest first."""
+    skipped = []
     for path in reversed(list_checkpoints(run_dir)):
         problem = check_checkpoint(path)
         if problem is None:
-            return path
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint in ``run_dir``; corrupt ones are skipped with a warning."""
+    found, skipped = scan_checkpoints(run_dir)
+    for path, problem in skipped:
         log.warning("skipping checkpoint %s: %s", path, problem)
-    return None
+    return found
 
 
 def load_state(path: Path) -> dict[str, Any]:

@@ -121,10 +121,19 @@ def resume(program: Program) -> None:
         program.load_checkpoint(path)
     except (RuntimeError, KeyError, ValueError) as err:
         raise CheckpointError(
-            f"cannot resume from {path}: {err} (a checkpoint of another model or config? use "
-            "another trainer.default_local_dir or trainer.resume_mode=disable)"
+            f"cannot resume from {path}: {_one_line(err)} (a checkpoint of another model or "
+            "config? use another trainer.default_local_dir or trainer.resume_mode=disable)"
         ) from None
     log.info("resumed from %s at step %d", path, program.global_step)
+
+
+def _one_line(err: BaseException) -> str:
+    """torch's ``load_state_dict`` error (a header, then a line per tensor) as one line: the
+    header, the first tensor's line and how many more there are."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if len(lines) <= 2:
+        return " ".join(lines) or type(err).__name__
+    return f"{lines[0]} {lines[1]} (and {len(lines) - 2} more)"
 
 
 class RunLoop:
@@ -254,6 +263,7 @@ class RunLoop:
         path = save_checkpoint(
             self.run_dir, prog.global_step, prog.checkpoint_weights(), prog.state_dict(),
             self.settings.max_ckpt_to_keep, before_manifest=lambda: self.on_stage("save"),
+            command=prog.start.command,
         )  # fmt: skip
         self.last_saved = prog.global_step
         log.info("checkpoint saved: %s", path)

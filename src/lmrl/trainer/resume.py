@@ -4,8 +4,15 @@ Decided before any model loads, so a bad directory or a refused resume costs one
 wait. The rules:
 
 - The run directory must be creatable and writable; the check leaves nothing behind.
+- A run directory belongs to the command that made it (`run_owner`: the command named in the
+  first line of its ``config.yaml``, which ``save_config`` writes, else in its checkpoints'
+  manifests): ``lmrl sft`` never writes into a directory of ``lmrl train`` and the reverse,
+  and a checkpoint of another command is never resumed. A directory that names no command
+  (a new one, or one written before they did) is accepted.
 - ``trainer.resume_mode``: ``auto`` (the newest complete checkpoint of the run directory, if
-  any), ``disable`` (start fresh), or a checkpoint path (it must exist and be complete).
+  any), ``disable`` (start fresh), or a checkpoint path (it must exist and be complete). With
+  ``auto``, a directory whose checkpoints all fail their manifest check (and hold files) is
+  refused rather than trained over from scratch; ``disable`` starts over in it.
 - Resuming with settings that differ from the run's ``config.yaml`` is refused, naming each
   changed key with its old and new value, unless ``trainer.allow_config_change=true``; then
   the new settings apply in full and the old file is kept as ``config.step<N>.yaml`` once the
@@ -18,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +36,12 @@ import yaml
 from lmrl.config import Config, config_to_dict
 from lmrl.config.loader import save_config, yaml_problem
 from lmrl.errors import CheckpointError
-from lmrl.trainer.checkpoint import check_checkpoint, latest_checkpoint
+from lmrl.trainer.checkpoint import (
+    check_checkpoint,
+    checkpoint_command,
+    list_checkpoints,
+    scan_checkpoints,
+)
 
 log = logging.getLogger("lmrl.trainer")
 
@@ -95,16 +108,87 @@ def check_run_dir(path: Path) -> None:
                 d.rmdir()
 
 
-def resume_point(mode: str, run_dir: Path) -> Path | None:
-    """The checkpoint ``trainer.resume_mode`` names, or None to start fresh.
+# the first line of a config.yaml that save_config wrote names the command of its run
+_HEADER = re.compile(r"# lmrl resolved config: load it with `(lmrl [\w-]+) --config")
+
+
+def run_owner(run_dir: Path) -> str | None:
+    """The command that made ``run_dir`` (``lmrl train``, ``lmrl sft``, ``lmrl train-flow``).
+
+    Returns:
+        The command the first line of ``config.yaml`` names, else the one the newest
+        checkpoint's manifest names; None when neither names one.
+    """
+    try:
+        with (Path(run_dir) / "config.yaml").open(encoding="utf-8", errors="replace") as f:
+            header = _HEADER.match(f.readline())
+    except OSError:
+        header = None
+    if header:
+        return header.group(1)
+    for path in reversed(list_checkpoints(run_dir)):
+        if (command := checkpoint_command(path)) is not None:
+            return command
+    return None
+
+
+def _from_sft_hint(owner: str, command: str, run_dir: Path) -> str:
+    """How to start RL from an SFT run, when that is what a user may have meant."""
+    final = run_dir / "final"
+    if owner == "lmrl sft" and command == "lmrl train" and final.is_dir():
+        return f" (to start from its model: model.path={final})"
+    return ""
+
+
+def check_owner(run_dir: Path, command: str) -> None:
+    """Refuse to run ``command`` in a run directory another command made (`run_owner`).
 
     Raises:
-        CheckpointError: a path that does not exist or is not a complete checkpoint.
+        CheckpointError: one line naming both commands.
+    """
+    owner = run_owner(run_dir)
+    if owner is not None and owner != command:
+        raise CheckpointError(
+            f"{run_dir} was made by `{owner}`; `{command}` will not write into it: give "
+            f"another trainer.default_local_dir{_from_sft_hint(owner, command, run_dir)}"
+        )
+
+
+def unloadable(skipped: list[tuple[Path, str]]) -> str:
+    """``"global_step_2: unreadable manifest.json (...); ..."``: at most three, one line."""
+    listing = "; ".join(f"{path.name}: {problem}" for path, problem in skipped[:3])
+    return listing + (f"; {len(skipped) - 3} more" if len(skipped) > 3 else "")
+
+
+def _holds_files(path: Path) -> bool:
+    return path.is_file() or any(p.is_file() for p in path.rglob("*"))
+
+
+def resume_point(mode: str, run_dir: Path, command: str) -> Path | None:
+    """The checkpoint ``trainer.resume_mode`` names, or None to start fresh.
+
+    Args:
+        mode: ``auto``, ``disable`` or a checkpoint path.
+        run_dir: the run directory.
+        command: the command that resumes (a checkpoint of another command is refused).
+    Raises:
+        CheckpointError: a path that does not exist, is not a complete checkpoint or belongs
+            to another command; with ``auto``, checkpoints that hold files and none of which
+            is complete (starting over would replace them).
     """
     if mode == "disable":
         return None
     if mode == "auto":
-        return latest_checkpoint(run_dir)
+        found, skipped = scan_checkpoints(run_dir)
+        if found is None and any(_holds_files(path) for path, _ in skipped):
+            raise CheckpointError(
+                f"{run_dir}: none of its checkpoints can be resumed from ({unloadable(skipped)});"
+                " nothing was changed: repair them, give another trainer.default_local_dir, or "
+                "set trainer.resume_mode=disable to start over (its checkpoints replace these)"
+            )
+        for path, problem in skipped:
+            log.warning("skipping checkpoint %s: %s", path, problem)
+        return found
     path = Path(mode)
     if not path.exists():
         raise CheckpointError(
@@ -114,6 +198,12 @@ def resume_point(mode: str, run_dir: Path) -> Path | None:
     problem = check_checkpoint(path)
     if problem:
         raise CheckpointError(f"trainer.resume_mode={mode}: not a usable checkpoint: {problem}")
+    owner = checkpoint_command(path) or run_owner(path.parent)
+    if owner is not None and owner != command:
+        raise CheckpointError(
+            f"trainer.resume_mode={mode} is a checkpoint of `{owner}`; `{command}` cannot resume "
+            f"from it{_from_sft_hint(owner, command, path.parent)}"
+        )
     return path
 
 
@@ -189,11 +279,14 @@ __all__ = [
     "FREE_TO_CHANGE",
     "RunStart",
     "check_config_change",
+    "check_owner",
     "check_run_dir",
     "config_changes",
     "keep_old_config",
     "open_run",
     "resume_point",
+    "run_owner",
+    "unloadable",
 ]
 
 
@@ -204,7 +297,7 @@ class RunStart:
     Attributes:
         run_dir: ``trainer.default_local_dir``.
         command: the command the run belongs to (``lmrl train``, ``lmrl sft``...), written
-            into ``config.yaml``'s header.
+            into ``config.yaml``'s first line and each checkpoint's manifest (`run_owner`).
         config: the resolved config (written as ``config.yaml`` once the run really starts).
         resume_from: the checkpoint to resume from, or None for a fresh start.
         config_changes: ``(key, old, new)`` accepted with ``trainer.allow_config_change``.
@@ -237,12 +330,14 @@ def open_run(cfg: Any, command: str) -> RunStart:
     and the accepted config changes, before anything is loaded.
 
     Raises:
-        CheckpointError: an unwritable directory, a resume path that is not a checkpoint, or
-            changed settings without ``trainer.allow_config_change``.
+        CheckpointError: an unwritable directory, a directory or checkpoint of another command,
+            a resume path that is not a checkpoint, checkpoints none of which loads, or changed
+            settings without ``trainer.allow_config_change``.
     """
     t = cfg.trainer
     run_dir = Path(t.default_local_dir)
     check_run_dir(run_dir)
-    resume_from = resume_point(t.resume_mode, run_dir)
+    check_owner(run_dir, command)
+    resume_from = resume_point(t.resume_mode, run_dir, command)
     changes = check_config_change(cfg, resume_from) if resume_from is not None else []
     return RunStart(run_dir, command, cfg, resume_from, changes)
