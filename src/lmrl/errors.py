@@ -38,4 +38,10 @@ __all__ = ["CheckpointError", "DataError", "LmrlError", "ModelError", "RewardErr
 
 class ToolLoadError(LmrlError):
     """A tool that cannot be made: an unknown name, a tool file that is missing or fails to
-    import, a retriever corpus that cannot be read (names the tool and the file)."""
+    import, a retriever corpus that cannot be read, a retrieval server that fails its start-up
+    query (names the tool and the file or URL)."""
+
+
+class ToolRunError(LmrlError):
+    """A tool that fails (errs at its own fault or times out) on nearly every call of the
+    first batch that calls it (names the tool, the fraction and the first error)."""

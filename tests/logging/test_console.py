@@ -1,10 +1,11 @@
-"""The console step line shows reward failures whenever there are any, and nothing when not."""
+"""The console step line shows reward failures whenever there are any, and nothing when not;
+a multi-turn step shows its tool errors and timeouts."""
 
 from __future__ import annotations
 
 import io
 
-from lmrl.logging.console import ConsoleTracker, reward_failures, summarize
+from lmrl.logging.console import ConsoleTracker, reward_failures, summarize, tool_failures
 
 CLEAN = {
     "critic/score/mean": 0.5,
@@ -40,3 +41,22 @@ def test_the_step_line_carries_them():
     first, second = buf.getvalue().splitlines()
     assert first.startswith("step 1/2  score 0.5  reward errors 16/16, timeouts 0  acc 0.25")
     assert "reward" not in second.replace("reward/", "")
+
+
+AGENT = {"agent/tool_calls/sum": 16.0, "agent/tool_errors/sum": 3.0, "agent/tool_timeouts/sum": 2.0}
+
+
+def test_a_multi_turn_step_line_shows_its_tool_failures():
+    assert tool_failures(CLEAN) == ""  # no multi-turn, no tool counts
+    assert tool_failures(AGENT) == "tool errors 3/16, timeouts 2"
+    healthy = AGENT | {"agent/tool_errors/sum": 0.0, "agent/tool_timeouts/sum": 0.0}
+    assert summarize(CLEAN | healthy) == "score 0.5  tool errors 0/16, timeouts 0  acc 0.25"
+    both = CLEAN | AGENT | {"reward/errors": 1.0}
+    assert summarize(both) == (
+        "score 0.5  reward errors 1/16, timeouts 0  tool errors 3/16, timeouts 2  acc 0.25"
+    )
+    buf = io.StringIO()
+    tracker = ConsoleTracker(total_steps=1, file=buf, force_terminal=False)
+    tracker.log(CLEAN | AGENT, step=1)
+    tracker.close()
+    assert buf.getvalue().startswith("step 1/1  score 0.5  tool errors 3/16, timeouts 2  acc")

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import pytest
 import torch
 
 from lmrl.batch import Batch, last_true, response_tokens_mask
 from lmrl.config import ActorConfig, OptimConfig
+from lmrl.errors import ToolRunError
 from lmrl.models import compute_log_probs
 from lmrl.models.tiny import build_tokenizer
 from lmrl.rollout import HFEngine, RolloutEngine, SamplingParams
-from lmrl.rollout.agent import AgentLoop, JsonFormat, TagFormat
+from lmrl.rollout.agent import (
+    MIN_CHECKED_CALLS,
+    OBS_CHARS_PER_TOKEN,
+    AgentLoop,
+    JsonFormat,
+    TagFormat,
+)
 from lmrl.rollout.merge import concat_rollouts
-from lmrl.tools import ToolCall, function_tool
+from lmrl.tools import Tool, ToolCall, ToolError, ToolFault, ToolTimeout, function_tool
 from lmrl.workers.actor import ActorWorker
 
 PAD, EOS = 256, 258
@@ -310,3 +318,120 @@ def test_micro_batched_sessions_sample_what_one_session_samples(e_biased, tokeni
     )
     assert torch.equal(whole["responses"], chunked["responses"])
     assert torch.equal(whole["agent_tool_calls"], chunked["agent_tool_calls"])
+
+
+# ---------------------------------------------------------------------------- failing tools
+class Failing(Tool):
+    """A search tool that fails every call with ``error`` (an exception instance)."""
+
+    name = "search"
+    parameters: ClassVar[dict] = {"type": "object", "properties": {"query": {"type": "string"}}}
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def __call__(self, arguments):
+        raise self.error
+
+
+def calling(rows: int) -> list[list[str]]:
+    """The script of ``rows`` rows that each call search once, then answer."""
+    return [["<search>q</search>", "<answer>x</answer>"] for _ in range(rows)]
+
+
+def run_rows(tok, tools, rows, **options):
+    loop = AgentLoop(ScriptedEngine(calling(rows), tok), tools, tok, max_turns=1, **options)
+    return loop, loop.generate(prompts_of(tok, ["q"] * rows), 1, SamplingParams(max_new_tokens=300))
+
+
+def test_a_tool_failing_nearly_every_call_of_the_first_batch_stops_the_run(tok):
+    tools = {"search": Failing(ToolFault("retrieval server http://x answered HTTP 500"))}
+    with pytest.raises(ToolRunError) as caught:
+        run_rows(tok, tools, MIN_CHECKED_CALLS)
+    text = str(caught.value)
+    assert text.startswith(
+        f"the search tool failed on {MIN_CHECKED_CALLS} of {MIN_CHECKED_CALLS} calls of the "
+        "first batch (100%); first error: retrieval server http://x answered HTTP 500"
+    )
+    assert "\n" not in text
+    # a bug in a tool (an exception that is no ToolError) and timeouts count the same
+    with pytest.raises(ToolRunError, match=r"first error: KeyError: 'k'"):
+        run_rows(tok, {"search": Failing(KeyError("k"))}, MIN_CHECKED_CALLS)
+    with pytest.raises(ToolRunError, match="first timeout: slow"):
+        run_rows(tok, {"search": Failing(ToolTimeout("slow"))}, MIN_CHECKED_CALLS)
+
+
+def test_the_calls_own_errors_a_few_calls_or_a_healthy_tool_do_not_stop_it(tok):
+    # the policy's bad calls (a plain ToolError) are its own fault
+    _, out = run_rows(tok, {"search": Failing(ToolError("no such page"))}, 8)
+    assert out["agent_tool_errors"].sum() == 8 and out["agent_tool_calls"].sum() == 8
+    # too few calls to judge: the first rollout with enough is judged, once
+    loop, out = run_rows(tok, {"search": Failing(ToolFault("down"))}, MIN_CHECKED_CALLS - 1)
+    assert out["agent_tool_errors"].sum() == MIN_CHECKED_CALLS - 1
+    loop.engine.script = calling(MIN_CHECKED_CALLS)
+    prompts = prompts_of(tok, ["q"] * MIN_CHECKED_CALLS)
+    with pytest.raises(ToolRunError, match=r"calls of batch 2 \(the first with 5\+ calls of it\)"):
+        loop.generate(prompts, 1, SamplingParams(max_new_tokens=300))
+    loop.generate(prompts, 1, SamplingParams(max_new_tokens=300))  # judged once only
+    # 1 of 10 failing is a working tool; a threshold above 1 never stops
+    run_rows(tok, {"search": FlakyTool(fail_every=10)}, 10)
+    run_rows(tok, {"search": Failing(ToolFault("down"))}, 8, max_tool_error_fraction=1.01)
+
+
+class FlakyTool(Tool):
+    name = "search"
+    parameters: ClassVar[dict] = {"type": "object", "properties": {"query": {"type": "string"}}}
+
+    def __init__(self, fail_every: int):
+        self.fail_every, self.calls = fail_every, 0
+
+    def __call__(self, arguments):
+        self.calls += 1
+        if self.calls % self.fail_every == 0:
+            raise ToolFault("hiccup")
+        return "found"
+
+
+def test_timeouts_are_counted_per_row(tok):
+    tools = {"search": Failing(ToolTimeout("retrieval server http://x did not answer"))}
+    _, out = run_rows(tok, tools, 3)
+    assert out["agent_tool_timeouts"].tolist() == [1, 1, 1]
+    assert out["agent_tool_errors"].tolist() == [0, 0, 0]
+
+
+class CountingTokenizer:
+    """The test tokenizer, recording how many characters each ``encode`` is handed."""
+
+    def __init__(self, tok):
+        self.tok, self.encoded = tok, []
+
+    def encode(self, text, **kwargs):
+        self.encoded.append(len(text))
+        return self.tok.encode(text, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+@pytest.mark.parametrize("max_obs_length", [50, None])
+def test_a_huge_observation_is_cut_before_it_is_tokenized(tok, max_obs_length):
+    huge = "passage " * 625_000  # 5 MB
+
+    def search(query: str) -> str:
+        """Search.
+
+        Args:
+            query: what
+        """
+        return huge
+
+    tool = function_tool(search, "search")
+    counting = CountingTokenizer(tok)
+    budget = 300
+    script = [["<search>q</search>", "<answer>x</answer>"]]
+    loop = AgentLoop(ScriptedEngine(script, tok), {"search": tool}, counting, max_turns=1,
+                     max_obs_length=max_obs_length)  # fmt: skip
+    out = loop.generate(prompts_of(tok, ["q"]), 1, SamplingParams(max_new_tokens=budget))
+    room = max_obs_length or budget - len(ids(tok, "<search>q</search>"))
+    assert max(counting.encoded) <= room * OBS_CHARS_PER_TOKEN
+    assert out["agent_obs_tokens"].tolist() == [room]  # still the exact token cut

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 from lmrl.batch import response_tokens_mask
 from lmrl.cli import main as cli_main
 from lmrl.config import ConfigError, load_config
+from lmrl.errors import ToolRunError
 from lmrl.trainer import Trainer, build_run
 
 STEPS = 4
@@ -87,9 +88,10 @@ def _children() -> set[int]:
     return found
 
 
-def test_a_hanging_tool_from_a_users_file_is_killed_and_the_run_goes_on(search_workspace, tmp_path):
+def test_a_hanging_tool_from_a_users_file_is_killed_and_stops_the_run(search_workspace, tmp_path):
     """The default tool_processes=1: a user's search tool that never returns costs each call
-    a timeout observation; its processes are killed, and none outlives the run."""
+    a timeout; its processes are killed, a first batch of nothing but timeouts stops the run
+    (`ToolRunError`, as rewards do), and no worker outlives it."""
     user, pids = tmp_path / "tools.py", tmp_path / "pids"
     pids.mkdir()
     user.write_text(
@@ -102,10 +104,12 @@ def test_a_hanging_tool_from_a_users_file_is_killed_and_the_run_goes_on(search_w
     )
     before = _children()
     extra = (f"rollout.multi_turn.tool_path={user}", "rollout.multi_turn.tool_timeout_s=1")
-    _, metrics = one_step(search_workspace, tmp_path / "hang", *extra)
-    assert metrics["agent/tool_calls/mean"] > 0.5
-    valid = metrics["agent/tool_calls/mean"] * metrics["agent/valid_call_ratio"]
-    assert metrics["agent/tool_timeouts/mean"] == pytest.approx(valid)  # every call it ran
+    with pytest.raises(
+        ToolRunError,
+        match=r"the search tool failed on (\d+) of \1 calls of the "
+        r"first batch \(100%\); first timeout: the search tool timed out after 1 s",
+    ):
+        one_step(search_workspace, tmp_path / "hang", *extra)
     ran_in = {int(p.name) for p in pids.iterdir()}
     assert ran_in and os.getpid() not in ran_in  # in worker processes, not the trainer
     leftover = _children() - before

@@ -8,7 +8,9 @@ counts validation and checkpoint time), not rich's short-window speed estimate.
 
 A line shows only what is present, in this order: score (``critic/score/mean``), the reward
 failures when there are any (``reward errors 16/16, timeouts 0``: ``reward/errors`` out of
-``reward/scored``, ``reward/timeouts``), acc (``reward/acc/mean``), len
+``reward/scored``, ``reward/timeouts``), a multi-turn run's tool failures (``tool errors 3/16,
+timeouts 0``: ``agent/tool_errors/sum`` out of ``agent/tool_calls/sum``,
+``agent/tool_timeouts/sum``), acc (``reward/acc/mean``), len
 (``response_length/mean``), kl (``actor/kl_loss``, else ``actor/reward_kl_penalty``), ppo_kl,
 entropy, clipfrac (``actor/pg_clipfrac``), an SFT run's loss, validation loss, gradient norm
 and learning rate (``sft/*``), step time, then the validation metrics grouped by data source.
@@ -67,6 +69,16 @@ def reward_failures(metrics: Mapping[str, float]) -> str:
     return f"reward errors {errors:g}{out_of}, timeouts {timeouts:g}"
 
 
+def tool_failures(metrics: Mapping[str, float]) -> str:
+    """``tool errors 3/16, timeouts 0`` for a multi-turn step (one with
+    ``agent/tool_calls/sum``), else ``""``."""
+    if "agent/tool_calls/sum" not in metrics:
+        return ""
+    errors = metrics.get("agent/tool_errors/sum", 0.0)
+    timeouts = metrics.get("agent/tool_timeouts/sum", 0.0)
+    return f"tool errors {errors:g}/{metrics['agent/tool_calls/sum']:g}, timeouts {timeouts:g}"
+
+
 def summarize(metrics: Mapping[str, float]) -> str:
     """The compact one-line summary of a step's metrics (what is present, fixed order).
 
@@ -82,9 +94,9 @@ def summarize(metrics: Mapping[str, float]) -> str:
         key = next((k for k in keys if k in metrics), None)
         if key is not None:
             parts.append(f"{label} {_fmt(metrics[key])}")
-    failures = reward_failures(metrics)
-    if failures:
-        parts.insert(1 if "critic/score/mean" in metrics else 0, failures)
+    failures = [f for f in (reward_failures(metrics), tool_failures(metrics)) if f]
+    at = 1 if "critic/score/mean" in metrics else 0
+    parts[at:at] = failures
     if "timing_s/step" in metrics:
         parts.append(f"{metrics['timing_s/step']:.2f}s/step")
     by_source: dict[str, list[str]] = {}

@@ -7,8 +7,10 @@
 2. the turn's text is parsed by the call format: an answer or EOS ends the row; a tool call
    joins the turn's calls, which run together (`lmrl.tools.run_calls`, grouped per tool,
    with a timeout); a closing tag around nothing valid gets an error observation;
-3. each observation is wrapped (``<information>...</information>`` for Search-R1), tokenized,
-   cut to ``max_obs_length`` tokens and to the row's remaining budget, and appended;
+3. each observation is wrapped (``<information>...</information>`` for Search-R1), cut to
+   ``OBS_CHARS_PER_TOKEN`` characters per token it may keep (so a 5 MB passage is never
+   tokenized whole), tokenized, cut to ``max_obs_length`` tokens and to the row's remaining
+   budget, and appended;
 4. repeat; after ``max_turns`` observations a row gets one last turn in which calls are not
    run (its closing tag ends it), as Search-R1's final rollout.
 
@@ -23,6 +25,13 @@ is True on sampled tokens only when ``state_masking`` (Search-R1's ``info_mask``
 real tokens otherwise; ``rollout_log_probs`` are 0 on observations. Per-row counters for the
 metrics: ``agent_turns``, ``agent_tool_calls``, ``agent_valid_calls``, ``agent_tool_errors``,
 ``agent_tool_timeouts``, ``agent_obs_tokens``, ``agent_answered`` (float tensors (B*n,)).
+
+Broken tools stop the run, as broken rewards do (``reward.max_error_fraction``): the first
+rollout in which a tool gets at least ``MIN_CHECKED_CALLS`` calls checks it once, and a tool
+at fault (`lmrl.tools.executor.ToolResult.fault`: a timeout, a server down or answering
+garbage, an exception other than a `ToolError`) on at least ``max_tool_error_fraction`` of
+them raises `lmrl.errors.ToolRunError` naming the tool, the fraction and the first error.
+Errors that are the call's own (bad arguments, the policy's code that raised) never stop it.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import numpy as np
 import torch
 
 from lmrl.batch import Batch
+from lmrl.errors import ToolRunError
 from lmrl.rollout.base import (
     CallSeeds,
     RolloutEngine,
@@ -47,6 +57,13 @@ from lmrl.tools.base import Tool
 from lmrl.tools.executor import ToolCall, ToolResult, run_calls
 
 __all__ = ["AGENT_KEYS", "FORMATS", "AgentLoop", "JsonFormat", "ReplaySession", "TagFormat"]
+
+#: calls of one tool in one rollout before its failures are judged (the first batch check)
+MIN_CHECKED_CALLS = 5
+#: characters of an observation kept per token it may keep, before tokenizing: generous
+#: (English averages about 4 characters a token), so only a head averaging more than this
+#: per token comes out shorter than ``max_obs_length`` tokens
+OBS_CHARS_PER_TOKEN = 32
 
 AGENT_KEYS = (
     "agent_turns",
@@ -250,6 +267,9 @@ class AgentLoop(RolloutEngine):
         max_obs_length: most tokens of one observation (the head is kept); None = no limit.
         tool_timeout_s: wall-clock limit of one tool's calls in a turn.
         tool_workers: tools run at once.
+        max_tool_error_fraction: a tool at fault on at least this fraction of its calls in the
+            first rollout that calls it ``MIN_CHECKED_CALLS`` times raises `ToolRunError`;
+            > 1 = never.
     """
 
     def __init__(
@@ -263,6 +283,7 @@ class AgentLoop(RolloutEngine):
         max_obs_length: int | None = None,
         tool_timeout_s: float = 30.0,
         tool_workers: int = 4,
+        max_tool_error_fraction: float = 0.9,
     ) -> None:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 0:
             raise ValueError(f"max_turns must be an int >= 0, got {max_turns!r}")
@@ -276,6 +297,9 @@ class AgentLoop(RolloutEngine):
         self.max_turns, self.format = max_turns, format
         self.state_masking, self.max_obs_length = state_masking, max_obs_length
         self.tool_timeout_s, self.tool_workers = tool_timeout_s, tool_workers
+        self.max_tool_error_fraction = float(max_tool_error_fraction)
+        self._checked: set[str] = set()  # tools whose first batch was judged
+        self._rollouts = 0
         self.shares_weights = getattr(engine, "shares_weights", True)
         self.pad_id = getattr(engine, "pad_id", 0)
         self._seeds = CallSeeds(None)  # for unseeded calls of an engine without its own
@@ -315,16 +339,54 @@ class AgentLoop(RolloutEngine):
             seeds = getattr(self.engine, "seeds", None) or self._seeds
             sampling = replace(sampling, seed=seeds.for_call(sampling))
         rows: list[_Row] = []
+        usage: dict[str, list[ToolResult]] = {}
         for start in range(0, count, size):
             chunk = torch.arange(start, min(start + size, count))
             session = self._session(prompts, n, sampling, prompt_offset, chunk)
             try:
-                rows += self._run(session, len(chunk), sampling)
+                rows += self._run(session, len(chunk), sampling, usage)
             finally:
                 session.close()
+        self._rollouts += 1
+        self._check_tools(usage)
         return self._assemble(prompts, n, rows, sampling.logprob_temperature)
 
-    def _run(self, session, count: int, sampling: SamplingParams) -> list[_Row]:
+    def _check_tools(self, usage: Mapping[str, Sequence[ToolResult]]) -> None:
+        """Judge each tool once, in the first rollout that calls it ``MIN_CHECKED_CALLS``
+        times (see the module docstring).
+
+        Args:
+            usage: tool name -> the results of its calls in this rollout.
+
+        Raises:
+            ToolRunError: a tool at fault on at least ``max_tool_error_fraction`` of them.
+        """
+        for name, results in usage.items():
+            if name in self._checked or len(results) < MIN_CHECKED_CALLS:
+                continue
+            self._checked.add(name)
+            failed = [r for r in results if r.fault]
+            if not failed or len(failed) < self.max_tool_error_fraction * len(results):
+                continue
+            which = (
+                "the first batch"
+                if self._rollouts == 1
+                else f"batch {self._rollouts} (the first with {MIN_CHECKED_CALLS}+ calls of it)"
+            )
+            first = failed[0].text.removeprefix("Error: ")
+            raise ToolRunError(
+                f"the {name} tool failed on {len(failed)} of {len(results)} calls of {which} "
+                f"({len(failed) / len(results):.0%}); first {failed[0].status}: {first}"
+            )
+
+    def _run(
+        self,
+        session,
+        count: int,
+        sampling: SamplingParams,
+        usage: dict[str, list[ToolResult]],
+    ) -> list[_Row]:
+        """Every turn of ``count`` rows; each tool's results are added to ``usage``."""
         rows = [_Row([], [], []) for _ in range(count)]
         budget = sampling.max_new_tokens
         stops = list(dict.fromkeys([*self.format.stops(self.tools), *sampling.stop]))
@@ -359,18 +421,19 @@ class AgentLoop(RolloutEngine):
                 continue
             results = run_calls(calls, self.tools, self.tool_timeout_s, self.tool_workers)
             observations = {}
-            for i, result in zip(callers, results, strict=True):
+            for i, call, result in zip(callers, calls, results, strict=True):
                 row = rows[i]
                 row.calls += 1
                 row.valid += result.status in ("ok", "error", "timeout")
                 row.errors += result.status == "error"
                 row.timeouts += result.status == "timeout"
-                ids = self.tokenizer.encode(
-                    self.format.observation(result.text), add_special_tokens=False
-                )
+                if isinstance(call, ToolCall) and call.name in self.tools:
+                    usage.setdefault(call.name, []).append(result)
+                room = budget - len(row.tokens)
                 if self.max_obs_length is not None:
-                    ids = ids[: self.max_obs_length]
-                ids = ids[: budget - len(row.tokens)]
+                    room = min(room, self.max_obs_length)
+                text = self.format.observation(result.text)[: room * OBS_CHARS_PER_TOKEN]
+                ids = self.tokenizer.encode(text, add_special_tokens=False)[:room]
                 row.tokens += ids
                 row.sampled += [False] * len(ids)
                 row.log_probs += [0.0] * len(ids)

@@ -11,6 +11,8 @@ from lmrl._lazy import lazy_exports
 _EXPORTS = {
     "Tool": "lmrl.tools.base",
     "ToolError": "lmrl.tools.base",
+    "ToolFault": "lmrl.tools.base",
+    "ToolTimeout": "lmrl.tools.base",
     "FunctionTool": "lmrl.tools.base",
     "function_tool": "lmrl.tools.base",
     "ToolCall": "lmrl.tools.executor",

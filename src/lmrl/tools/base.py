@@ -12,7 +12,10 @@ A tool may also answer many calls at once (`Tool.call_batch`: the search tool sc
 query of a turn in one BM25 pass); the default calls one at a time.
 
 Errors a tool raises are the tool's answer, not the run's end: `lmrl.tools.executor` turns
-them into an error observation the policy reads (``Error: ...``).
+them into an error observation the policy reads (``Error: ...``). A `ToolError` is the call's
+fault (bad arguments, code that raised); a `ToolFault`, any other exception and a timeout are
+the tool's, and a first batch whose calls nearly all fail so stops the run
+(`lmrl.rollout.agent`).
 """
 
 from __future__ import annotations
@@ -21,12 +24,32 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["FunctionTool", "Tool", "ToolError", "error_text", "function_tool", "user_tool"]
+__all__ = [
+    "FunctionTool",
+    "Tool",
+    "ToolError",
+    "ToolFault",
+    "ToolTimeout",
+    "error_text",
+    "function_tool",
+    "user_tool",
+]
 
 
 class ToolError(Exception):
-    """A tool's expected failure (bad arguments, nothing found): its message becomes the
-    observation, with no traceback."""
+    """A call's expected failure (bad arguments, nothing found, code that raised): its message
+    becomes the observation, with no traceback. It is the call's fault, not the tool's."""
+
+
+class ToolFault(ToolError):
+    """The tool itself failed, whatever the call (a server down, or answering in the wrong
+    shape): an error observation like any `ToolError`, but counted against the tool; the
+    agent loop stops a run when nearly every call of its first batch fails this way."""
+
+
+class ToolTimeout(ToolFault):
+    """The tool ran past its own time limit (a server that did not answer): the call's
+    result is a ``timeout``, as when the executor's limit stops it."""
 
 
 def error_text(err: BaseException) -> str:

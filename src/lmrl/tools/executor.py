@@ -8,7 +8,9 @@ on (its thread is abandoned; the built-in ``python`` tool enforces its own limit
 process it kills, so nothing of it keeps running). The tools of a user's file that run in
 worker processes (`ProcessTool`) go to their pool in one pass, beside the threads; there a
 call past the timeout has its process killed. A tool that raises gives an ``error``
-result whose text the policy sees as ``Error: <message>``; nothing a tool does ends the run.
+result whose text the policy sees as ``Error: <message>`` (a `ToolTimeout` gives a ``timeout``
+one); nothing a tool does ends the run here. Each result says whether the tool was at fault
+(`ToolResult.fault`), which the agent loop counts to stop a run whose tools are broken.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmrl.tools.base import Tool, error_text
+from lmrl.tools.base import Tool, ToolError, ToolFault, ToolTimeout, error_text
 from lmrl.tools.processes import ProcessTool, run_in_pool
 
-__all__ = ["ToolCall", "ToolResult", "run_calls"]
+__all__ = ["ToolCall", "ToolResult", "is_fault", "run_calls"]
 
 
 @dataclass(frozen=True)
@@ -36,10 +38,22 @@ class ToolCall:
 @dataclass(frozen=True)
 class ToolResult:
     """A call's observation text and how it ended: ``ok``, ``error``, ``timeout`` or
-    ``invalid`` (no such tool, or a call the format could not parse)."""
+    ``invalid`` (no such tool, or a call the format could not parse).
+
+    ``fault`` is True when the tool failed whatever the call: a timeout, a `ToolFault`, or an
+    exception other than a `ToolError` (a plain `ToolError` is the call's own fault: bad
+    arguments, code that raised). A tool of a user's file run in a worker process is at
+    fault only when it times out (its process answers text, not the exception).
+    """
 
     text: str
     status: str = "ok"
+    fault: bool = False
+
+
+def is_fault(err: BaseException) -> bool:
+    """Whether an exception a tool raised is the tool's failure rather than the call's."""
+    return isinstance(err, ToolFault) or not isinstance(err, ToolError)
 
 
 def run_calls(
@@ -79,9 +93,10 @@ def run_calls(
             outs = [RuntimeError(f"tool answered {len(outs)} of {len(idx)} calls")] * len(idx)
         for i, out in zip(idx, outs, strict=True):
             if answers:
-                results[i] = ToolResult(out[1], out[0])
+                results[i] = ToolResult(out[1], out[0], fault=out[0] == "timeout")
             elif isinstance(out, BaseException):
-                results[i] = ToolResult(error_text(out), "error")
+                status = "timeout" if isinstance(out, ToolTimeout) else "error"
+                results[i] = ToolResult(error_text(out), status, fault=is_fault(out))
             else:
                 results[i] = ToolResult(out if isinstance(out, str) else str(out))
 
@@ -117,7 +132,7 @@ def run_calls(
             for i in futures[future]:
                 name = calls[i].name
                 results[i] = ToolResult(
-                    f"Error: the {name} tool timed out after {timeout_s:g} s", "timeout"
+                    f"Error: the {name} tool timed out after {timeout_s:g} s", "timeout", True
                 )
     finally:
         # never wait for an abandoned call; its thread ends on its own

@@ -8,13 +8,19 @@ when the tool is made; building it is deterministic, so a resumed run rebuilds t
 Server (``retriever.source``, an http(s) URL): the request Search-R1's ``retrieval_server.py``
 answers, ``POST {"queries": [...], "topk": k, "return_scores": true}`` with the answer
 ``{"result": [[{"document": {"contents": ...}, "score": ...}, ...], ...]}``, one list per
-query. Every query of a turn goes in one request.
+query. Every query of a turn goes in one request. The tool sends one query when it is made
+and refuses (`ToolLoadError`, one line naming the URL) a server that is down, hangs, or
+answers anything else: HTML, an HTTP error, bytes that are not UTF-8 JSON, another shape.
+During a run the same faults, and any malformed hit, are the call's `ToolFault` (an error
+observation counted against the tool; no answer in time is a `ToolTimeout`), never empty
+passages.
 
 Both give the observation Search-R1 gives: ``Doc 1(Title: t) text`` lines, best first.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import urllib.error
@@ -23,9 +29,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lmrl.tools.base import Tool, ToolError
+from lmrl.errors import ToolLoadError
+from lmrl.tools.base import Tool, ToolError, ToolFault, ToolTimeout
 
-__all__ = ["SearchTool", "format_passages", "load_corpus"]
+__all__ = ["PROBE_TIMEOUT_S", "SearchTool", "format_passages", "load_corpus", "parse_answer"]
+
+#: seconds the start-up query to a retrieval server may take
+PROBE_TIMEOUT_S = 10.0
 
 
 def load_corpus(path: str | Path) -> list[dict[str, str]]:
@@ -90,6 +100,12 @@ class SearchTool(Tool):
         url: a retrieval server instead of a local corpus (exactly one of the two).
         topk: passages per query (``retriever.topk``).
         timeout_s: the server request's timeout.
+        probe_timeout_s: with ``url``, the timeout of the query sent when the tool is made
+            (`probe`); None = no query.
+
+    Raises:
+        ValueError: both or neither of corpus and url, a bad ``topk``, an unreadable corpus.
+        ToolLoadError: the server failed the start-up query.
     """
 
     name = "search"
@@ -106,6 +122,7 @@ class SearchTool(Tool):
         url: str | None = None,
         topk: int = 3,
         timeout_s: float = 30.0,
+        probe_timeout_s: float | None = PROBE_TIMEOUT_S,
     ) -> None:
         if (corpus is None) == (url is None):
             raise ValueError(
@@ -121,6 +138,10 @@ class SearchTool(Tool):
                 load_corpus(corpus) if isinstance(corpus, str | Path) else [dict(p) for p in corpus]
             )
             self._build_index()
+        elif not url.startswith(("http://", "https://")):
+            raise ValueError(f"retriever.source {url!r}: a server's URL starts with http(s)://")
+        elif probe_timeout_s is not None:
+            self.probe(probe_timeout_s)
 
     def _build_index(self) -> None:
         import bm25s
@@ -170,7 +191,8 @@ class SearchTool(Tool):
         """The ``topk`` passages of every query, best first (zero-score matches dropped).
 
         Raises:
-            ToolError: the server cannot be reached or answers in another shape.
+            ToolFault: the server cannot be reached or answers in another shape
+                (`ToolTimeout`: not in time).
         """
         if self.url is not None:
             return self._remote(queries)
@@ -184,32 +206,129 @@ class SearchTool(Tool):
             for row_d, row_s in zip(docs, scores, strict=True)
         ]
 
-    def _remote(self, queries: Sequence[str]) -> list[list[dict[str, str]]]:
+    def _remote(
+        self, queries: Sequence[str], timeout_s: float | None = None
+    ) -> list[list[dict[str, str]]]:
+        """One request for every query; the answer checked hit by hit.
+
+        Raises:
+            ToolTimeout: no answer within ``timeout_s`` (default: the tool's ``timeout_s``).
+            ToolFault: the server cannot be reached, answers an HTTP error, something that is
+                not UTF-8 JSON, or JSON of another shape (the message names the URL and what
+                is wrong).
+        """
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        who = f"retrieval server {self.url}"
         body = json.dumps({"queries": list(queries), "topk": self.topk, "return_scores": True})
         request = urllib.request.Request(
-            self.url, data=body.encode(), headers={"Content-Type": "application/json"}
+            self.url,
+            data=body.encode(),
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                answer = json.loads(response.read().decode())
-        except (urllib.error.URLError, OSError, json.JSONDecodeError) as err:
-            raise ToolError(f"retrieval server {self.url} failed: {err}") from None
-        result = answer.get("result") if isinstance(answer, Mapping) else None
-        if not isinstance(result, list) or len(result) != len(queries):
-            raise ToolError(
-                f"retrieval server {self.url} answered without a 'result' list of "
-                f"{len(queries)} entries"
-            )
-        out = []
-        for hits in result:
-            passages = []
-            for hit in hits or []:
-                doc = hit.get("document", hit) if isinstance(hit, Mapping) else {}
-                contents = doc.get("contents")
-                if contents is None:
-                    passages.append({"title": doc.get("title", ""), "text": doc.get("text", "")})
-                else:
-                    title, _, text = str(contents).partition("\n")
-                    passages.append({"title": title, "text": text})
-            out.append(passages)
-        return out
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                kind = response.headers.get("Content-Type") or "no Content-Type"
+                raw = response.read()
+        except urllib.error.HTTPError as err:
+            raise ToolFault(f"{who} answered HTTP {err.code} ({err.reason})") from None
+        except urllib.error.URLError as err:
+            if isinstance(err.reason, TimeoutError):
+                raise ToolTimeout(f"{who} did not answer within {timeout_s:g} s") from None
+            raise ToolFault(f"{who} cannot be reached: {err.reason}") from None
+        except TimeoutError:
+            raise ToolTimeout(f"{who} did not answer within {timeout_s:g} s") from None
+        except http.client.HTTPException as err:  # before OSError: RemoteDisconnected is both
+            first = str(err.args[0] if err.args else err).strip()[:60]
+            raise ToolFault(f"{who} does not answer HTTP (it sent {first!r})") from None
+        except (OSError, ValueError) as err:  # a reset connection; a URL urllib cannot use
+            raise ToolFault(f"{who} failed: {err}") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ToolFault(
+                f"{who} answered bytes that are not UTF-8 ({err.reason} at byte {err.start})"
+            ) from None
+        try:
+            answer = json.loads(text)
+        except json.JSONDecodeError:
+            what = "HTML" if "html" in kind.lower() or text.lstrip()[:1] == "<" else "text"
+            raise ToolFault(
+                f"{who} answered {what}, not JSON ({kind}): {text.strip()[:60]!r}"
+            ) from None
+        try:
+            return parse_answer(answer, len(queries))
+        except ValueError as err:
+            raise ToolFault(f"{who} answered {err}") from None
+
+    def probe(self, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+        """Send the server one query and check its answer, as a run starts.
+
+        Raises:
+            ToolLoadError: the server is down, hangs, or answers anything but Search-R1's
+                shape (the message names the URL and what was wrong).
+        """
+        try:
+            self._remote(["lmrl start-up check"], timeout_s)
+        except ToolFault as err:
+            raise ToolLoadError(
+                f"{err} (one query sent at start-up; start the server or fix retriever.source)"
+            ) from None
+
+
+def parse_answer(answer: Any, count: int) -> list[list[dict[str, str]]]:
+    """Passages from a Search-R1 server's answer to ``count`` queries.
+
+    Args:
+        answer: the decoded JSON, ``{"result": [[hit, ...], ...]}``, one hit list per query;
+            a hit is ``{"document": {"contents": "title\\ntext"}, "score": s}``, or the
+            document itself (``return_scores=false``); ``text`` (+ ``title``) may stand for
+            ``contents``.
+        count: queries sent.
+
+    Returns:
+        per query, its passages as ``{"title", "text"}``, in the server's order.
+
+    Raises:
+        ValueError: any other shape (the message says where, e.g. ``result[0][1]``).
+    """
+    if not isinstance(answer, Mapping) or "result" not in answer:
+        keys = f"keys {sorted(answer)}" if isinstance(answer, Mapping) else _kind(answer)
+        raise ValueError(f"JSON without 'result' ({keys}); expected {{'result': [[hit, ...]]}}")
+    result = answer["result"]
+    if not isinstance(result, list):
+        raise ValueError(f"'result' as {_kind(result)}, not one list of hits per query")
+    if len(result) != count:
+        raise ValueError(f"{len(result)} hit lists in 'result' for {count} queries")
+    out = []
+    for q, hits in enumerate(result):
+        if not isinstance(hits, list):
+            raise ValueError(f"result[{q}] as {_kind(hits)}, not a list of hits")
+        passages = []
+        for k, hit in enumerate(hits):
+            doc = hit.get("document", hit) if isinstance(hit, Mapping) else hit
+            if not isinstance(doc, Mapping):
+                where = f"result[{q}][{k}]" + ("['document']" if doc is not hit else "")
+                raise ValueError(
+                    f"{where} as {_kind(doc)}, not a hit "
+                    "({'document': {'contents': ...}, 'score': ...})"
+                )
+            contents, text = doc.get("contents"), doc.get("text")
+            if isinstance(contents, str):
+                title, _, text = contents.partition("\n")
+            elif contents is None and isinstance(text, str):
+                title = doc.get("title")
+                title = title if isinstance(title, str) else ""
+            else:
+                raise ValueError(
+                    f"result[{q}][{k}] without a text: its document needs a string 'contents' "
+                    f"(or 'text'), has keys {sorted(doc)}"
+                )
+            passages.append({"title": title, "text": text})
+        out.append(passages)
+    return out
+
+
+def _kind(value: Any) -> str:
+    """``a str``, ``a list``, ``null``: what a value is, for the messages."""
+    name = type(value).__name__
+    return "null" if value is None else f"a{'n' if name[0] in 'aeiou' else ''} {name}"

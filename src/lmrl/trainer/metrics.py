@@ -53,6 +53,10 @@ METRICS: dict[str, str] = {
     "agent/valid_call_ratio": "multi-turn: calls the format parsed and a tool answered",
     "agent/tool_errors/mean": "multi-turn: tool calls per sample that raised an error",
     "agent/tool_timeouts/mean": "multi-turn: tool calls per sample that ran past their limit",
+    "agent/tool_calls/sum": "multi-turn: tool calls in the step (the denominator of the "
+    "console's 'tool errors N/M')",
+    "agent/tool_errors/sum": "multi-turn: tool calls in the step that raised an error",
+    "agent/tool_timeouts/sum": "multi-turn: tool calls in the step that ran past their limit",
     "agent/obs_token_frac": "multi-turn: fraction of response tokens that are tool observations",
     "agent/finish_ratio": "multi-turn: fraction of samples that ended with an answer",
     "response_length/clip_ratio": "fraction of samples that hit max_response_length",
@@ -183,7 +187,8 @@ def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
 
 def agent_metrics(batch: Batch) -> dict[str, float]:
     """A multi-turn rollout's tool use (empty for a one-turn batch): turns and tool calls per
-    sample, the valid-call ratio, tool errors and timeouts per sample, the fraction of
+    sample, the valid-call ratio, tool errors and timeouts per sample (and the step's counts
+    of calls, errors and timeouts, for the console), the fraction of
     response tokens that are observations, and the fraction that ended with an answer
     (Search-R1's ``env/number_of_actions``, ``env/ratio_of_valid_action``,
     ``env/finish_ratio``)."""
@@ -198,6 +203,9 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
         "agent/valid_call_ratio": float(col["agent_valid_calls"].sum() / calls) if calls else 1.0,
         "agent/tool_errors/mean": float(col["agent_tool_errors"].mean()),
         "agent/tool_timeouts/mean": float(col["agent_tool_timeouts"].mean()),
+        "agent/tool_calls/sum": float(calls),
+        "agent/tool_errors/sum": float(col["agent_tool_errors"].sum()),
+        "agent/tool_timeouts/sum": float(col["agent_tool_timeouts"].sum()),
         "agent/obs_token_frac": float(col["agent_obs_tokens"].sum() / max(float(tokens), 1.0)),
         "agent/finish_ratio": float(col["agent_answered"].mean()),
     }
