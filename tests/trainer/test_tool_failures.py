@@ -79,6 +79,19 @@ def test_a_server_that_fails_after_start_up_ends_the_run_at_its_first_batch(
     assert "Traceback" not in err
 
 
+def test_max_tool_error_fraction_above_one_never_stops(search_workspace, tmp_path, capsys):
+    with retrieval_server(search_workspace, healthy_requests=1) as url:
+        code = train(
+            search_workspace, tmp_path / "run", url, "trainer.logger=[console]",
+            "rollout.multi_turn.max_tool_error_fraction=1.5",
+        )  # fmt: skip
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    step = next(line for line in out.splitlines() if line.startswith("step 1/1"))
+    errors, calls = step.split("tool errors ")[1].split(",")[0].split("/")
+    assert int(calls) >= int(errors) >= 5  # the calls that stop the run by default, and it went on
+
+
 def test_a_server_down_at_start_up_is_one_line(search_workspace, tmp_path, capsys):
     with retrieval_server(search_workspace, healthy_requests=0) as url:
         code = train(search_workspace, tmp_path / "run", url)

@@ -316,6 +316,11 @@ def _multi_turn(c: Config, f: Findings) -> None:
     for key, value in mt.python.items():
         if not value > 0:
             f.errors.append(f"rollout.multi_turn.python.{key}={value} must be > 0")
+    if not mt.max_tool_error_fraction >= 0:
+        f.errors.append(
+            f"rollout.multi_turn.max_tool_error_fraction={mt.max_tool_error_fraction} must be "
+            ">= 0 (> 1 = never stop)"
+        )
     if mt.tool_processes < 0:
         f.errors.append(
             f"rollout.multi_turn.tool_processes={mt.tool_processes} must be >= 0 "

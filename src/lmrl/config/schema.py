@@ -189,6 +189,12 @@ class MultiTurnConfig:
         "process killed; 0 = they run in threads of the trainer (a call past its timeout is "
         "abandoned, not stopped).",
     )
+    max_tool_error_fraction: float = opt(
+        0.9,
+        "Stop the run when a tool fails at its own fault (a server error, a timeout, a crash; "
+        "not the call's own bad arguments) on at least this fraction of its calls in the first "
+        "rollout that calls it 5 times, quoting the first error. > 1 = never stop.",
+    )
     python: dict[str, Any] = options(
         PythonToolOptions, "The python tool's limits; set one as rollout.multi_turn.python.NAME."
     )

@@ -64,6 +64,7 @@ FREE_TO_CHANGE = (
     "reward.num_workers",
     "reward.timeout_s",
     "reward.max_error_fraction",
+    "rollout.multi_turn.max_tool_error_fraction",
     "data.val_files",
     "data.val_batch_size",
     "rollout.val_kwargs.",
