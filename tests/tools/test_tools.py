@@ -20,6 +20,7 @@ from lmrl.tools import (
     Tool,
     ToolCall,
     ToolError,
+    ToolFault,
     ToolResult,
     function_tool,
     load_tools,
@@ -168,6 +169,8 @@ def lookup(city: str) -> str:
         os._exit(3)
     if city == "bad":
         raise ToolError("no such city")
+    if city == "broken":
+        raise KeyError("the tool's own bug")
     return f"{{city}} from {{os.getpid()}}"
 
 class Doubler(Tool):
@@ -189,11 +192,16 @@ def test_a_files_tools_run_in_processes_where_a_hung_call_is_killed(tmp_path):
     try:
         calls = [ToolCall("lookup", {"city": c}) for c in ("A", "hang", "die", "bad")]
         calls += [ToolCall("Doubler", {"x": 1}), ToolCall("Doubler", {"x": 2})]
-        calls += [ToolCall("lookup", {"city": "B"})]
+        calls += [ToolCall("lookup", {"city": "B"}), ToolCall("lookup", {"city": "broken"})]
         start = time.perf_counter()
         out = run_calls(calls, tools, timeout_s=2.0)
         took = time.perf_counter() - start
-        assert [r.status for r in out] == ["ok", "timeout", "error", "error", "ok", "ok", "ok"]
+        statuses = ["ok", "timeout", "error", "error", "ok", "ok", "ok", "error"]
+        assert [r.status for r in out] == statuses
+        # the tool's failures (a timeout, a dead worker, its own bug) count against it, as
+        # in-process; the call's own ToolError does not
+        assert [r.fault for r in out] == [False, True, True, False, False, False, False, True]
+        assert out[7].text == 'Error: KeyError: "the tool\'s own bug"'
         assert took < 12, took  # one timeout (2 s) and some worker start-ups, not 600 s
         pids = {int(r.text.split(" from ")[1]) for r in out if r.status == "ok"}
         assert os.getpid() not in pids
@@ -207,8 +215,11 @@ def test_a_files_tools_run_in_processes_where_a_hung_call_is_killed(tmp_path):
         again = run_calls([ToolCall("lookup", {"city": "C"})], tools)
         assert again[0].status == "ok" and again[0].text.startswith("C from ")
         assert tools["lookup"]({"city": "D"}).startswith("D from ")
-        with pytest.raises(ToolError, match="no such city"):
+        with pytest.raises(ToolError, match="no such city") as raised:
             tools["lookup"]({"city": "bad"})
+        assert type(raised.value) is ToolError
+        with pytest.raises(ToolFault, match="the tool's own bug"):
+            tools["lookup"]({"city": "broken"})
     finally:
         for tool in tools.values():
             tool.close()

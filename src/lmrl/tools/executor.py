@@ -42,8 +42,8 @@ class ToolResult:
 
     ``fault`` is True when the tool failed whatever the call: a timeout, a `ToolFault`, or an
     exception other than a `ToolError` (a plain `ToolError` is the call's own fault: bad
-    arguments, code that raised). A tool of a user's file run in a worker process is at
-    fault only when it times out (its process answers text, not the exception).
+    arguments, code that raised); a tool of a user's file run in a worker process answers
+    which it was (``fault`` or ``error``, `lmrl.tools.processes`).
     """
 
     text: str
@@ -93,7 +93,8 @@ def run_calls(
             outs = [RuntimeError(f"tool answered {len(outs)} of {len(idx)} calls")] * len(idx)
         for i, out in zip(idx, outs, strict=True):
             if answers:
-                results[i] = ToolResult(out[1], out[0], fault=out[0] == "timeout")
+                status = "error" if out[0] == "fault" else out[0]
+                results[i] = ToolResult(out[1], status, fault=out[0] in ("fault", "timeout"))
             elif isinstance(out, BaseException):
                 status = "timeout" if isinstance(out, ToolTimeout) else "error"
                 results[i] = ToolResult(error_text(out), status, fault=is_fault(out))

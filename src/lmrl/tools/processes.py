@@ -7,6 +7,9 @@ the trainer, a call past its timeout can only be abandoned. With
 ``tool_timeout_s`` has its process killed and replaced and gets a ``timeout`` observation; a
 process that dies (a segfault, ``os._exit``) gives its call an ``error`` observation naming the
 exit code or signal; the other calls of the turn are answered as usual, timeouts in parallel.
+A worker answers ``(status, text)``: ``fault`` where the tool failed whatever the call (a dead
+worker, a `ToolFault`, an exception other than a `ToolError`), ``error`` for the call's own
+`ToolError`, so the agent loop judges these tools as it judges the built-ins.
 
 In the trainer a tool of the file is a `ProcessTool`: it keeps the tool's name, description
 and schema, and its calls are tasks for the pool. Each worker imports the file itself and
@@ -28,18 +31,26 @@ from typing import Any
 from lmrl._procpool import ProcessPool
 from lmrl._userfile import import_user_file
 from lmrl.errors import ToolLoadError
-from lmrl.tools.base import Tool, ToolError, error_text, user_tool
+from lmrl.tools.base import Tool, ToolError, ToolFault, ToolTimeout, error_text, user_tool
 
 __all__ = ["ProcessTool", "ToolPool", "run_in_pool"]
 
-Answer = tuple[str, str]  # (status: "ok" | "error" | "timeout", observation text)
+Answer = tuple[str, str]  # (status: "ok" | "error" | "fault" | "timeout", observation text)
+
+
+def _failed(err: BaseException) -> Answer:
+    """A raised exception as an answer: ``fault`` unless it is the call's own `ToolError`."""
+    if isinstance(err, ToolTimeout):
+        return ("timeout", error_text(err))
+    at_fault = isinstance(err, ToolFault) or not isinstance(err, ToolError)
+    return ("fault" if at_fault else "error", error_text(err))
 
 
 def _answer_one(tool: Tool, arguments: Mapping[str, Any]) -> Answer:
     try:
         out = tool(arguments)
     except Exception as err:  # the tool's failure is its observation
-        return ("error", error_text(err))
+        return _failed(err)
     return ("ok", out if isinstance(out, str) else str(out))
 
 
@@ -72,14 +83,11 @@ class _FileToolRunner:
         try:
             outs = self.tool.call_batch(payload)
         except Exception as err:  # call_batch itself failed: every call of the group
-            return [("error", error_text(err))] * len(payload)
+            return [_failed(err)] * len(payload)
         if len(outs) != len(payload):
             text = f"Error: RuntimeError: tool answered {len(outs)} of {len(payload)} calls"
-            return [("error", text)] * len(payload)
-        return [
-            ("error", error_text(o)) if isinstance(o, BaseException) else ("ok", str(o))
-            for o in outs
-        ]
+            return [("fault", text)] * len(payload)
+        return [_failed(o) if isinstance(o, BaseException) else ("ok", str(o)) for o in outs]
 
 
 class ToolPool(ProcessPool):
@@ -109,9 +117,15 @@ class ToolPool(ProcessPool):
         if status == "timeout":
             name = self._names[index]
             text = f"Error: the {name} tool timed out after {self.timeout_s:g} s"
-        else:
-            text = f"Error: {message}"
+        else:  # its worker died
+            status, text = "fault", f"Error: {message}"
         return [(status, text)] * len(payload) if kind == "batch" else (status, text)
+
+
+def _exception(status: str, text: str) -> ToolError:
+    """A worker's failed answer as the exception an in-process tool would have raised."""
+    kind = {"timeout": ToolTimeout, "fault": ToolFault}.get(status, ToolError)
+    return kind(text.removeprefix("Error: "))
 
 
 class ProcessTool(Tool):
@@ -134,12 +148,12 @@ class ProcessTool(Tool):
     def __call__(self, arguments: Mapping[str, Any]) -> str:
         status, text = run_in_pool({self.name: [arguments]}, {self.name: self})[self.name][0]
         if status != "ok":
-            raise ToolError(text.removeprefix("Error: "))
+            raise _exception(status, text)
         return text
 
     def call_batch(self, calls: Sequence[Mapping[str, Any]]) -> list[str | BaseException]:
         answers = run_in_pool({self.name: list(calls)}, {self.name: self})[self.name]
-        return [t if s == "ok" else ToolError(t.removeprefix("Error: ")) for s, t in answers]
+        return [t if s == "ok" else _exception(s, t) for s, t in answers]
 
     def close(self) -> None:
         self.pool.close()
