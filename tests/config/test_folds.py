@@ -95,7 +95,7 @@ def test_python_tool_limits_fold_into_one_key():
         "actor_rollout_ref.rollout.multi_turn.python_timeout_s=2.5",
         "rollout.multi_turn.python.memory_mb=256",
     ])  # fmt: skip
-    assert cfg.rollout.multi_turn.python == {"timeout_s": 2.5, "memory_mb": 256}
+    assert cfg.rollout.multi_turn.python == {"timeout_s": 2.5, "memory_mb": 256, "disk_mb": 64}
 
 
 def test_a_bad_python_limit_is_one_error_naming_it():

@@ -154,6 +154,7 @@ class PythonToolOptions:
 
     timeout_s: float = opt(5.0, "Wall-clock limit of one run of code, > 0.")
     memory_mb: int = opt(512, "Address-space limit of one run, MiB, > 0.")
+    disk_mb: int = opt(64, "Disk of one run (the size of its tmpfs working directory), MiB, > 0.")
 
 
 @dataclass

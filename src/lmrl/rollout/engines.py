@@ -95,6 +95,7 @@ def with_tools(cfg, engine: RolloutEngine, tokenizer) -> RolloutEngine:
             "timeout_s": python["timeout_s"],
             "cpu_s": max(1, math.ceil(python["timeout_s"])),
             "memory_mb": python["memory_mb"],
+            "disk_mb": python["disk_mb"],
         },
     }
     tools = load_tools(

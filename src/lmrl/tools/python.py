@@ -1,28 +1,37 @@
-"""The ``python`` tool: run the policy's code in a sandboxed process.
+"""The ``python`` tool: run the policy's code in a sandbox that the kernel holds shut.
 
-Each call is a fresh ``python -I`` process (no user site, no ``PYTHONPATH``) that
+Each call is a fresh ``python -I`` process (no user site, no ``PYTHONPATH``) started by the
+launcher of `lmrl.tools.jail` (a process of its own: no ctypes, no namespaces in the trainer):
 
-- starts in an empty temporary directory, removed afterwards, with an environment of its own
-  (``PATH``, ``HOME`` and ``TMPDIR`` in that directory, ``LANG``, ``PYTHONHASHSEED=0``):
-  nothing of the trainer's environment (tokens, keys) is inherited;
-- has hard limits set by the kernel (``resource.setrlimit``): CPU seconds, address space,
-  the size of any file it writes (its own stdout/stderr files included, so endless printing
-  stops there), open files, and processes;
-- leaves the network: it moves into new user and network namespaces where the kernel allows
-  it (only a down loopback device is left), and refuses every socket either way;
-- runs under an audit hook (``sys.addaudithook``, which code cannot remove) that refuses
-  writing, deleting or renaming outside its directory, sockets, ``fork``/``exec``/
-  ``subprocess``/``os.system``, signals to other processes, and ``ctypes``;
-- is killed with its whole process group at a wall-clock timeout.
+- in new PID, mount, network, IPC and UTS namespaces, as uid/gid 65534 without capabilities
+  (its own uid in a user namespace when the trainer is not root), with no-new-privs;
+- on a root of its own: the interpreter's files read-only, a ``/proc`` of its namespace, and
+  ``/sandbox``, a tmpfs of ``disk_mb`` MiB, its working directory and only writable place;
+  nothing of the trainer (files, ``/proc``, environment: tokens, keys) is reachable;
+- under kernel limits (CPU seconds, address space, the size of one file, its own stdout
+  and stderr included, open files) and a seccomp filter (no processes, exec, signals,
+  sockets, device nodes, xattrs, mounts, namespaces, tracing, raised limits);
+- under the audit hook of old as a second layer (writes outside its directory, sockets,
+  ``subprocess``, signals, ``ctypes``);
+- killed with its process group at a wall-clock timeout; when the code ends the kernel kills
+  whatever is left in its PID namespace.
+
+Where the kernel refuses namespaces (`isolation`, tried once) the tool falls back to the
+rlimits, seccomp, the audit hook and a network namespace, and says so: one line when the tool
+is built names the isolation in force (``python sandbox: kernel namespaces (...)`` or
+``python sandbox: WEAK (...)``).
 
 Its stdout, then its stderr, truncated to ``max_output_chars``, is the observation; a
-failure (an exception, a limit, the timeout) is an ``Error: ...`` observation that the
-policy reads. Nothing the code does ends or slows the run beyond the timeout.
+failure is an ``Error: ...`` observation naming it (an exception, its CPU limit, the wall
+clock, memory, the disk, the file size, or a kill that none of these explains). Nothing the
+code does ends or slows the run beyond the timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import os
 import shutil
 import signal
@@ -34,61 +43,36 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from lmrl.tools import jail
 from lmrl.tools.base import Tool, ToolError
+from lmrl.tools.jail import RUNNER, SANDBOX, encode, parse_status
 
 __all__ = ["PythonTool"]
 
-# The child's preamble: limits, namespaces, the audit hook; then the code from stdin. Written
-# with no lmrl import so the child never loads torch or lmrl.
-_RUNNER = r"""
-import ctypes, os, resource, sys
-_cpu, _mem, _fsize, _nofile = (int(x) for x in sys.argv[1:5])
-resource.setrlimit(resource.RLIMIT_CPU, (_cpu, _cpu + 1))
-resource.setrlimit(resource.RLIMIT_AS, (_mem, _mem))
-resource.setrlimit(resource.RLIMIT_FSIZE, (_fsize, _fsize))
-resource.setrlimit(resource.RLIMIT_NOFILE, (_nofile, _nofile))
-try:
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
-except (ValueError, OSError):
-    pass
-try:  # CLONE_NEWUSER | CLONE_NEWNET: a network namespace with nothing in it
-    ctypes.CDLL(None, use_errno=True).unshare(0x10000000 | 0x40000000)
-except Exception:
-    pass
-_code = sys.stdin.read()
-_root = os.path.realpath(os.getcwd())
-_WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-_DENY = ("socket.", "subprocess.", "os.fork", "os.forkpty", "os.system", "os.exec",
-         "os.posix_spawn", "os.spawn", "os.kill", "os.killpg", "ctypes.", "pty.",
-         "os.setuid", "os.chroot", "resource.setrlimit", "sys.addaudithook")
-_PATHS = {"os.remove": 1, "os.rename": 2, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1,
-          "os.chown": 1, "os.link": 2, "os.symlink": 2, "os.truncate": 1, "os.utime": 1,
-          "shutil.rmtree": 1, "os.replace": 2}
+_JAIL = str(Path(__file__).with_name("jail.py"))
+_NOFILE = 64
+log = logging.getLogger("lmrl.tools")
+interpreter_paths = functools.cache(jail.interpreter_paths)  # one subprocess per interpreter
 
-def _inside(path):
-    if isinstance(path, int):
-        return True
-    real = os.path.realpath(os.fsdecode(path))
-    return real == _root or real.startswith(_root + os.sep)
 
-def _hook(event, args):
-    if event == "open":
-        path, mode, flags = args
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(flags, int) and flags & _WRITE)
-        if path is not None and writing and not _inside(path):
-            raise PermissionError(f"sandbox: cannot write outside its directory: {path}")
-    elif event.startswith(_DENY):
-        raise PermissionError(f"sandbox: {event} is not allowed")
-    elif event in _PATHS:
-        for path in args[: _PATHS[event]]:
-            if path is not None and not _inside(path):
-                raise PermissionError(f"sandbox: {event} outside its directory: {path}")
+@functools.cache
+def isolation(python: str) -> tuple[bool, str]:
+    """Whether this machine can jail ``python`` in kernel namespaces, and why not if not.
 
-sys.addaudithook(_hook)
-del ctypes, resource
-exec(compile(_code, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-"""
+    Tried once per interpreter by running ``print(1)`` in the jail.
+    """
+    try:
+        binds = interpreter_paths(python)
+    except (OSError, subprocess.SubprocessError, ValueError) as err:
+        return False, f"cannot inspect {python}: {err}"
+    probe = PythonTool(python=python, _jail=(True, binds))
+    try:
+        out = probe.run("print(1)")
+    except ToolError as err:
+        return False, str(err)
+    if out.strip() != "1":
+        return False, f"the jail's probe printed {out[:80]!r}"
+    return True, ""
 
 
 class PythonTool(Tool):
@@ -99,6 +83,7 @@ class PythonTool(Tool):
         cpu_s: CPU-time limit (``RLIMIT_CPU``), seconds.
         memory_mb: address-space limit (``RLIMIT_AS``), MiB.
         max_file_mb: largest file it may write (``RLIMIT_FSIZE``), MiB.
+        disk_mb: size of its working directory's tmpfs, MiB (the total it may write).
         max_output_chars: stdout/stderr kept in the observation.
         python: the interpreter; default this one.
     """
@@ -117,22 +102,50 @@ class PythonTool(Tool):
         cpu_s: int = 5,
         memory_mb: int = 512,
         max_file_mb: int = 8,
+        disk_mb: int = 64,
         max_output_chars: int = 2000,
         python: str | None = None,
+        _jail: tuple[bool, list[str]] | None = None,
     ) -> None:
         for key, value in (
             ("timeout_s", timeout_s),
             ("cpu_s", cpu_s),
             ("memory_mb", memory_mb),
             ("max_file_mb", max_file_mb),
+            ("disk_mb", disk_mb),
             ("max_output_chars", max_output_chars),
         ):
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"python tool: {key} must be a positive number, got {value!r}")
         self.timeout_s, self.cpu_s = float(timeout_s), int(cpu_s)
         self.memory_mb, self.max_file_mb = int(memory_mb), int(max_file_mb)
-        self.max_output_chars = int(max_output_chars)
+        self.disk_mb, self.max_output_chars = int(disk_mb), int(max_output_chars)
         self.python = python or sys.executable
+        if _jail is not None:  # the probe of `isolation`
+            self.jailed, self._binds = _jail
+            return
+        self.jailed, why = isolation(self.python)
+        self._binds = interpreter_paths(self.python) if self.jailed else []
+        (log.info if self.jailed else log.warning)("python sandbox: %s", self.describe(why))
+
+    def describe(self, why: str = "") -> str:
+        """One line: which isolation is active (logged when the tool is built)."""
+        limits = (
+            f"{self.cpu_s} s CPU, {self.memory_mb} MiB memory, {self.max_file_mb} MiB a file, "
+            f"{self.timeout_s:g} s wall clock"
+        )
+        seccomp = "seccomp" if os.uname().machine == "x86_64" else "no seccomp (not x86_64)"
+        if self.jailed:
+            who = "uid 65534" if os.geteuid() == 0 else f"uid {os.geteuid()} (user namespace)"
+            return (
+                f"kernel namespaces (pid, mount, net, ipc, uts), {who}, {seccomp}, read-only "
+                f"stdlib, {self.disk_mb} MiB tmpfs; {limits}"
+            )
+        return (
+            f"WEAK (kernel namespaces refused: {why}): rlimits, {seccomp}, an audit hook, "
+            f"the host's filesystem as this user, a {self.disk_mb} MiB disk quota not "
+            f"enforced; {limits}"
+        )
 
     def __call__(self, arguments: Mapping[str, Any]) -> str:
         code = arguments.get("code")
@@ -170,23 +183,43 @@ class PythonTool(Tool):
         base = Path(tempfile.mkdtemp(prefix="lmrl-sandbox-"))
         work = base / "work"
         work.mkdir()
+        (base / "root").mkdir()
+        home = SANDBOX if self.jailed else str(work)
         env = {
             "PATH": "/usr/bin:/bin",
-            "HOME": str(work),
-            "TMPDIR": str(work),
+            "HOME": home,
+            "TMPDIR": home,
             "LANG": "C.UTF-8",
             "PYTHONHASHSEED": "0",
             "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
         }
-        limits = (self.cpu_s, self.memory_mb << 20, self.max_file_mb << 20, 64)
-        with (base / "stdout").open("wb") as out, (base / "stderr").open("wb") as err:
+        limits = (self.cpu_s, self.memory_mb << 20, self.max_file_mb << 20, _NOFILE)
+        argv = [self.python, "-I", "-c", RUNNER, *map(str, limits), int(not self.jailed), 1]
+        with (
+            (base / "stdout").open("wb") as out,
+            (base / "stderr").open("wb") as err,
+            (base / "status").open("wb") as status,
+        ):
+            settings = {
+                "jail": self.jailed,
+                "argv": [str(a) for a in argv],
+                "env": env,
+                "cwd": str(work),
+                "root": str(base / "root"),
+                "binds": self._binds,
+                "disk_mb": self.disk_mb,
+                "status_fd": status.fileno(),
+            }
             process = subprocess.Popen(
-                [self.python, "-I", "-c", _RUNNER, *map(str, limits)],
+                [self.python, "-I", "-S", _JAIL, encode(settings)],
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=err,
                 cwd=work,
                 env=env,
+                pass_fds=(status.fileno(),),
                 start_new_session=True,  # its own process group, killed as one
             )
         try:
@@ -200,26 +233,57 @@ class PythonTool(Tool):
         try:
             left = max(0.0, self.timeout_s - (time.monotonic() - started))
             try:
-                code = process.wait(timeout=left)
+                process.wait(timeout=left)
                 timed_out = False
             except subprocess.TimeoutExpired:
                 timed_out = True
                 _kill_group(process)
-                code = process.wait()
+                process.wait()
             stdout = _read_head(base / "stdout", self.max_output_chars)
             stderr = _read_head(base / "stderr", self.max_output_chars)
+            status = _read_status(base / "status")
         finally:
             _kill_group(process)  # anything it left behind in its group
             shutil.rmtree(base, ignore_errors=True)
         if timed_out:
-            raise ToolError(f"the code ran past the {self.timeout_s:g} s limit and was stopped")
-        if code == 0:
+            raise ToolError(
+                f"the code ran past the {self.timeout_s:g} s limit (wall clock) and was stopped"
+            )
+        if "error" in status or not status:
+            why = status.get("error") or _last_line(stderr) or f"exit code {process.returncode}"
+            raise ToolError(f"the sandbox could not start: {why}")
+        if status.get("code") == 0:
             text = stdout + (("\n" + stderr) if stderr.strip() else "")
             return self._clip(text) if text.strip() else "(no output)"
-        why = _death(code, self.cpu_s, self.max_file_mb)
         tail = _last_line(stderr)
+        why = self._death(status, tail)
         detail = f": {tail}" if tail else ""
         raise ToolError(self._clip(f"{why}{detail}" + (f"\n{stdout}" if stdout.strip() else "")))
+
+    def _death(self, status: dict, tail: str) -> str:
+        """Why the code ended with ``status`` (``{"code": N}`` or ``{"signal": S, "cpu_s": X}``)."""
+        cpu = float(status.get("cpu_s", 0.0))
+        if "signal" not in status:
+            if "No space left on device" in tail or "Errno 28" in tail:
+                return f"the code filled its {self.disk_mb} MiB of disk"
+            if tail.startswith("MemoryError"):
+                return f"the code ran out of its {self.memory_mb} MiB of memory"
+            return f"the code failed (exit code {status['code']})"
+        sig = int(status["signal"])
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= self.cpu_s - 0.05):
+            return f"the code was stopped at its limit ({self.cpu_s} s of CPU)"
+        if sig == signal.SIGXFSZ:
+            return f"the code wrote more than {self.max_file_mb} MiB to one file"
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        if sig == signal.SIGKILL:
+            return (
+                f"the code was killed by SIGKILL after {cpu:g} s of CPU, not by one of its "
+                "limits (the machine's out-of-memory killer?)"
+            )
+        return f"the code was killed by {name}"
 
     def _clip(self, text: str) -> str:
         if len(text) <= self.max_output_chars:
@@ -240,21 +304,14 @@ def _read_head(path: Path, limit: int) -> str:
         return ""
 
 
+def _read_status(path: Path) -> dict:
+    """The launcher's report (`lmrl.tools.jail`); empty if it wrote none (it was killed)."""
+    try:
+        return parse_status(path.read_text(errors="replace"))
+    except OSError:
+        return {}
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else ""
-
-
-def _death(code: int, cpu_s: int, max_file_mb: int) -> str:
-    """Why the process ended with ``code`` (a negative code is the signal that killed it)."""
-    if code >= 0:
-        return f"the code failed (exit code {code})"
-    sig = -code
-    if sig in (signal.SIGXCPU, signal.SIGKILL):
-        return f"the code was stopped at its limit ({cpu_s} s of CPU)"
-    if sig == signal.SIGXFSZ:
-        return f"the code wrote more than {max_file_mb} MiB"
-    try:
-        return f"the code was killed by {signal.Signals(sig).name}"
-    except ValueError:
-        return f"the code was killed by signal {sig}"
