@@ -435,3 +435,23 @@ def test_a_huge_observation_is_cut_before_it_is_tokenized(tok, max_obs_length):
     room = max_obs_length or budget - len(ids(tok, "<search>q</search>"))
     assert max(counting.encoded) <= room * OBS_CHARS_PER_TOKEN
     assert out["agent_obs_tokens"].tolist() == [room]  # still the exact token cut
+
+
+def test_an_observation_with_a_lone_surrogate_is_tokenized_with_a_mark(tok):
+    """A server's JSON may hold ``"\\ud800"``: the tokenizer cannot take it, the row goes on."""
+
+    def search(query: str) -> str:
+        """Search.
+
+        Args:
+            query: what
+        """
+        return "Doc 1(Title: T) caf\ud800 au lait"
+
+    script = [["<search>q</search>", "<answer>x</answer>"]]
+    loop = AgentLoop(ScriptedEngine(script, tok), {"search": function_tool(search)}, tok,
+                     max_turns=1)  # fmt: skip
+    out = loop.generate(prompts_of(tok, ["q"]), 1, SamplingParams(max_new_tokens=300))
+    text = tok.decode(out["responses"][0][out["attention_mask"][0, -out["responses"].shape[1] :]])
+    assert "caf? au lait" in text and out["agent_tool_errors"].tolist() == [0]
+    assert out["agent_answered"].tolist() == [1]

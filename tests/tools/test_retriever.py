@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -13,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+import lmrl.tools.search as search_module
 from lmrl.errors import ToolLoadError
 from lmrl.tools import SearchTool, ToolCall, ToolFault, ToolTimeout, load_tools, run_calls
 
@@ -101,6 +103,50 @@ def down_server() -> Iterator[str]:
     yield f"http://127.0.0.1:{free_port()}/retrieve"
 
 
+@contextlib.contextmanager
+def trickle_server() -> Iterator[str]:
+    """A server that sends a 200's headers, then its body a byte every 0.1 s (each read is
+    quick: only a bound on the whole answer stops it)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+            while not stop.wait(0.1):
+                conn.sendall(b" ")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/retrieve"
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(2)
+
+
+@contextlib.contextmanager
+def closing_server() -> Iterator[str]:
+    """A server that reads the request and closes the connection without a word."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/retrieve"
+    finally:
+        listener.close()
+        thread.join(2)
+
+
 def not_utf8(body):
     return 200, "application/json", b'{"result": [["\xff\xfe caf\xe9"]]}'
 
@@ -140,6 +186,8 @@ BROKEN = {
     "not utf-8": (http_server, (not_utf8,), "bytes that are not UTF-8"),
     "ssh banner": (raw_server, (b"SSH-2.0-OpenSSH_8.9p1 Ubuntu-3\r\n",), "does not answer HTTP"),
     "hanging": (raw_server, (None,), "did not answer within 0.5 s"),
+    "trickling": (trickle_server, (), "did not answer within 0.5 s"),
+    "closing": (closing_server, (), "closed the connection without answering"),
 }
 
 
@@ -234,3 +282,16 @@ def test_a_server_that_stops_answering_mid_run_is_a_counted_timeout():
 def test_a_url_that_is_not_http_is_refused():
     with pytest.raises(ToolLoadError, match="starts with http"):
         load_tools(["search"], options={"search": {"url": "ftp://127.0.0.1/retrieve"}})
+
+
+def test_an_answer_past_its_size_limit_is_refused(monkeypatch):
+    monkeypatch.setattr(search_module, "MAX_ANSWER_BYTES", 2**20)
+    big = {"result": [[{"document": {"contents": "T\n" + "x" * 2**20}}]]}
+    with http_server(json_answer(lambda qs: big)) as url:
+        with pytest.raises(
+            ToolLoadError, match=rf"^retrieval server {re.escape(url)} answered more than 1 MiB"
+        ):
+            SearchTool(url=url, probe_timeout_s=2)
+        tool = SearchTool(url=url, probe_timeout_s=None)
+        with pytest.raises(ToolFault, match=r"^retrieval server .* answered more than 1 MiB$"):
+            tool.retrieve(["x"])

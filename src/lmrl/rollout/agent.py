@@ -9,8 +9,8 @@
    with a timeout); a closing tag around nothing valid gets an error observation;
 3. each observation is wrapped (``<information>...</information>`` for Search-R1), cut to
    ``OBS_CHARS_PER_TOKEN`` characters per token it may keep (so a 5 MB passage is never
-   tokenized whole), tokenized, cut to ``max_obs_length`` tokens and to the row's remaining
-   budget, and appended;
+   tokenized whole), made valid UTF-8 (a lone surrogate becomes ``?``), tokenized, cut to
+   ``max_obs_length`` tokens and to the row's remaining budget, and appended;
 4. repeat; after ``max_turns`` observations a row gets one last turn in which calls are not
    run (its closing tag ends it), as Search-R1's final rollout.
 
@@ -433,6 +433,9 @@ class AgentLoop(RolloutEngine):
                 if self.max_obs_length is not None:
                     room = min(room, self.max_obs_length)
                 text = self.format.observation(result.text)[: room * OBS_CHARS_PER_TOKEN]
+                # a lone surrogate (a JSON "\ud800", bytes decoded with surrogateescape)
+                # cannot be tokenized: it becomes "?"
+                text = text.encode("utf-8", "replace").decode("utf-8")
                 ids = self.tokenizer.encode(text, add_special_tokens=False)[:room]
                 row.tokens += ids
                 row.sampled += [False] * len(ids)

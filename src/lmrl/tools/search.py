@@ -9,8 +9,10 @@ Server (``retriever.source``, an http(s) URL): the request Search-R1's ``retriev
 answers, ``POST {"queries": [...], "topk": k, "return_scores": true}`` with the answer
 ``{"result": [[{"document": {"contents": ...}, "score": ...}, ...], ...]}``, one list per
 query. Every query of a turn goes in one request. The tool sends one query when it is made
-and refuses (`ToolLoadError`, one line naming the URL) a server that is down, hangs, or
-answers anything else: HTML, an HTTP error, bytes that are not UTF-8 JSON, another shape.
+and refuses (`ToolLoadError`, one line naming the URL) a server that is down, hangs (or
+trickles its answer past the timeout: the timeout bounds the whole request, not each read), or
+answers anything else: HTML, an HTTP error, bytes that are not UTF-8 JSON, another shape, more
+than ``MAX_ANSWER_BYTES``.
 During a run the same faults, and any malformed hit, are the call's `ToolFault` (an error
 observation counted against the tool; no answer in time is a `ToolTimeout`), never empty
 passages.
@@ -23,6 +25,8 @@ from __future__ import annotations
 import http.client
 import json
 import logging
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -32,10 +36,20 @@ from typing import Any, ClassVar
 from lmrl.errors import ToolLoadError
 from lmrl.tools.base import Tool, ToolError, ToolFault, ToolTimeout
 
-__all__ = ["PROBE_TIMEOUT_S", "SearchTool", "format_passages", "load_corpus", "parse_answer"]
+__all__ = [
+    "MAX_ANSWER_BYTES",
+    "PROBE_TIMEOUT_S",
+    "SearchTool",
+    "format_passages",
+    "load_corpus",
+    "parse_answer",
+]
 
 #: seconds the start-up query to a retrieval server may take
 PROBE_TIMEOUT_S = 10.0
+#: bytes of one answer of a retrieval server (a turn's queries) beyond which it is refused:
+#: far above Search-R1's (topk passages of ~1 kB per query)
+MAX_ANSWER_BYTES = 64 * 2**20
 
 
 def load_corpus(path: str | Path) -> list[dict[str, str]]:
@@ -225,10 +239,11 @@ class SearchTool(Tool):
             data=body.encode(),
             headers={"Content-Type": "application/json", "Accept": "application/json"},
         )
+        deadline = time.monotonic() + timeout_s
         try:
             with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 kind = response.headers.get("Content-Type") or "no Content-Type"
-                raw = response.read()
+                raw = _read_body(response, deadline, who)
         except urllib.error.HTTPError as err:
             raise ToolFault(f"{who} answered HTTP {err.code} ({err.reason})") from None
         except urllib.error.URLError as err:
@@ -237,7 +252,9 @@ class SearchTool(Tool):
             raise ToolFault(f"{who} cannot be reached: {err.reason}") from None
         except TimeoutError:
             raise ToolTimeout(f"{who} did not answer within {timeout_s:g} s") from None
-        except http.client.HTTPException as err:  # before OSError: RemoteDisconnected is both
+        except http.client.RemoteDisconnected:  # before OSError: it is both
+            raise ToolFault(f"{who} closed the connection without answering") from None
+        except http.client.HTTPException as err:  # a status line that is not HTTP's
             first = str(err.args[0] if err.args else err).strip()[:60]
             raise ToolFault(f"{who} does not answer HTTP (it sent {first!r})") from None
         except (OSError, ValueError) as err:  # a reset connection; a URL urllib cannot use
@@ -267,12 +284,53 @@ class SearchTool(Tool):
             ToolLoadError: the server is down, hangs, or answers anything but Search-R1's
                 shape (the message names the URL and what was wrong).
         """
-        try:
-            self._remote(["lmrl start-up check"], timeout_s)
-        except ToolFault as err:
+        outcome: list[BaseException | None] = []
+
+        def ask() -> None:
+            try:
+                self._remote(["lmrl start-up check"], timeout_s)
+                outcome.append(None)
+            except BaseException as err:  # handed to the caller's thread
+                outcome.append(err)
+
+        # in a thread of its own, so that no stage of the request (a name lookup, headers
+        # sent a byte at a time) holds start-up past the timeout
+        thread = threading.Thread(target=ask, name="lmrl-retriever-probe", daemon=True)
+        thread.start()
+        thread.join(timeout_s + 0.5)
+        if not outcome:
+            err: BaseException = ToolTimeout(
+                f"retrieval server {self.url} did not answer within {timeout_s:g} s"
+            )
+        else:
+            err = outcome[0]
+        if isinstance(err, ToolFault):
             raise ToolLoadError(
                 f"{err} (one query sent at start-up; start the server or fix retriever.source)"
             ) from None
+        if err is not None:
+            raise err
+
+
+def _read_body(response: http.client.HTTPResponse, deadline: float, who: str) -> bytes:
+    """The answer's bytes, read as they come, by ``deadline`` (`time.monotonic`).
+
+    The socket's timeout bounds each read; this bounds the whole answer, which a server
+    sending a byte at a time would otherwise stretch without end.
+
+    Raises:
+        TimeoutError: past ``deadline``.
+        ToolFault: more than ``MAX_ANSWER_BYTES``.
+    """
+    chunks, size = [], 0
+    while chunk := response.read1(2**16):
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise ToolFault(f"{who} answered more than {MAX_ANSWER_BYTES // 2**20} MiB")
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def parse_answer(answer: Any, count: int) -> list[list[dict[str, str]]]:
