@@ -53,11 +53,12 @@ if not _seccomp:  # fork is refused by seccomp when there is one; else by this (
         pass
 else:
     # x86_64 syscall numbers refused with EPERM: process creation and exec, signals, sessions,
-    # device nodes, xattrs, mounts and namespaces, tracing, keys, bpf, io_uring, setrlimit.
+    # device nodes, xattrs, mounts and namespaces, tracing, keys, bpf, io_uring, setrlimit,
+    # open_by_handle_at.
     _DENY = (57, 58, 59, 322, 62, 200, 234, 129, 297, 424, 434, 438, 109, 112, 41, 53,
              133, 259, 188, 189, 190, 197, 198, 199, 463, 466, 165, 166, 155, 161, 272, 308,
              428, 429, 430, 431, 432, 433, 442, 101, 310, 311, 312, 248, 249, 250, 321, 298,
-             323, 425, 426, 427, 160, 135)
+             323, 425, 426, 427, 160, 135, 304)
     _ALLOW, _EPERM, _ENOSYS = 0x7FFF0000, 0x00050001, 0x00050026
     def _op(code, k, jt=0, jf=0):
         return struct.pack("HBBI", code, jt, jf, k)
@@ -293,6 +294,7 @@ def main(settings: dict) -> int:
                 os.setgroups([])
                 os.setgid(UID)
                 os.setuid(UID)
+                libc.prctl(_PR_SET_PDEATHSIG, 9)  # a change of uid clears it
             code = _run_code(settings, status_fd, SANDBOX, libc)
         except OSError as err:
             code = _error(status_fd, err)
