@@ -137,6 +137,9 @@ def files(tmp_path, model_dir, train_file) -> dict[str, Path]:
     (tmp_path / "nofn.py").write_text("def other(data_source, solution_str):\n    return 1.0\n")
     (tmp_path / "bad.yaml").write_text("actor: {clip_ratio: [0.2\n")
     (tmp_path / "list.yaml").write_text("- actor\n- critic\n")
+    (tmp_path / "dup.yaml").write_text(
+        "actor:\n  clip_ratio: 0.3\ndata: {}\nactor:\n  ppo_epochs: 2\n"
+    )
     (tmp_path / "train.csv").write_text("prompt\nhello\n")
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -150,6 +153,7 @@ def files(tmp_path, model_dir, train_file) -> dict[str, Path]:
         "NOFN": tmp_path / "nofn.py",
         "BADYAML": tmp_path / "bad.yaml",
         "LISTYAML": tmp_path / "list.yaml",
+        "DUPYAML": tmp_path / "dup.yaml",
         "CSV": tmp_path / "train.csv",
         "NOPROMPT": tmp_path / "noprompt.parquet",
         "NOROWS": tmp_path / "none.parquet",
@@ -553,6 +557,33 @@ TABLE = [
         ["tasks", "digits", "--out", "{MISSING}", "--num-test", "-3"],
         2,
         ("lmrl tasks: error: --num-test must be >= 1, got -3",),
+    ),
+    # issue 31 §4: what the backends accept (inert keys are notices: tests/config)
+    Row(
+        "config-file-section-twice",
+        ["train", "--config", "{DUPYAML}", *train()[1:]],
+        2,
+        ("config file {DUPYAML}: 'actor' is written twice (lines 1 and 4)",),
+        intact=("DUPYAML",),
+    ),
+    Row(
+        "ray-zero-gpus-per-node",
+        train("trainer.backend=ray", "resources.n_gpus_per_node=0"),
+        2,
+        ("resources.n_gpus_per_node=0 must be >= 1",),
+    ),
+    Row(
+        "ray-negative-critic-workers",
+        train("trainer.backend=ray", "resources.critic_workers=-1"),
+        2,
+        ("resources.critic_workers=-1 must be >= 0",),
+    ),
+    Row(
+        "ray-address-is-the-dashboard",
+        train("trainer.backend=ray", "resources.ray_address=http://127.0.0.1:8265"),
+        2,
+        ("is the URL of Ray's dashboard", "host:6379, ray://host:10001 (Ray Client) or auto"),
+        not_says=("resolve", "nothing answers"),
     ),
 ]
 

@@ -200,6 +200,15 @@ def test_derived_critic_sizes_are_not_reported_twice():
         ("actor: {clip_ratio: [\n", "is not valid YAML"),
         ("critic: {ppo_mini_batch_size: '${actor.nope}'}\n", "cannot resolve an interpolation"),
         ("actor_rollout_ref:\n  rollout:\n    name: ???\n", "rollout.name') is ??? (a value verl"),
+        # issue 31 §4: PyYAML keeps the last of two sections without a word
+        (
+            "actor:\n  clip_ratio: 0.3\ndata: {}\nactor:\n  ppo_epochs: 2\n",
+            "'actor' is written twice (lines 1 and 4)",
+        ),
+        (
+            "actor:\n  optim:\n    lr: 0.1\n    lr: 0.2\n",
+            "'actor.optim.lr' is written twice (lines 3 and 4)",
+        ),
     ],
 )
 def test_bad_files(tmp_path, text, expected):

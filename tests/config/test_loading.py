@@ -183,6 +183,63 @@ def test_both_kl_penalties_is_a_notice():
     assert any("penalized twice" in n for n in notices)
 
 
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["actor.strategy=fsdp2"], "actor.strategy='fsdp2' changes nothing: trainer.backend=local"),
+        (["critic.offload=both"], "critic.offload='both' changes nothing: trainer.backend=local"),
+        (
+            ["actor_rollout_ref.actor.fsdp_config.param_offload=true"],
+            "param_offload=True changes nothing: trainer.backend=local",
+        ),
+        (
+            ["trainer.backend=ray", "actor.offload=params"],
+            "actor.offload='params' changes nothing: only fsdp2 offloads shards",
+        ),
+        (
+            ["rollout.gpu_memory_utilization=0.7"],
+            "rollout.gpu_memory_utilization=0.7 changes nothing: rollout.name=hf",
+        ),
+        (["rollout.vllm.enforce_eager=false"], "enforce_eager=False changes nothing: rollout.name"),
+        (["retriever.topk=5"], "retriever.topk=5 changes nothing: rollout.multi_turn.enable=false"),
+        (
+            ["retriever.url=http://127.0.0.1:8000/retrieve"],
+            "retriever.url='http://127.0.0.1:8000/retrieve' changes nothing",
+        ),
+    ],
+)
+def test_keys_the_backend_or_engine_ignore_are_a_notice(overrides, expected):
+    """issue 31 §4: keys that change nothing given the backend, engine or tools are noticed
+    (the run goes on)."""
+    notices: list[str] = []
+    load_config(None, [*BASE, *overrides], notices=notices)
+    assert [n for n in notices if expected in n], notices
+
+
+def test_keys_the_backend_reads_are_not_noticed():
+    notices: list[str] = []
+    load_config(
+        None,
+        [*BASE, "trainer.backend=ray", "actor.strategy=fsdp2", "actor.offload=params"],
+        notices=notices,
+    )
+    assert not [n for n in notices if "actor." in n], notices
+
+
+def test_a_files_default_values_are_not_noticed_but_typed_ones_are(tmp_path):
+    """A saved config.yaml (``lmrl eval`` loads it) or a full verl config writes every key:
+    its values equal to the defaults change nothing and get no notice; the same value typed
+    on the command line does."""
+    path = save_config(load_config(None, BASE), tmp_path / "config.yaml")
+    notices: list[str] = []
+    load_config(path, [], notices=notices)
+    assert notices == []
+    load_config(path, ["actor.strategy=ddp", "retriever.topk=3"], notices=notices)
+    assert [n.split(" changes nothing")[0] for n in notices] == [
+        "actor.strategy='ddp'", "retriever.topk=3"
+    ]
+
+
 def test_items_of_a_mapping_key_can_be_set_one_by_one():
     cfg = load_config(
         None,

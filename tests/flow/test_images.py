@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -101,8 +102,8 @@ def test_user_image_rewards_from_a_file_are_checked(tmp_path):
     )
     images = torch.zeros(2, 3, 16, 16)
     assert load_image_reward(path=user)(images, ["ab", "abc"], [{}, {}]).tolist() == [2.0, 3.0]
-    for name in ("wrong_length", "nan"):
-        with pytest.raises(RewardError, match="must return 2 finite scores"):
+    for name, what in (("wrong_length", "scores of shape (1,)"), ("nan", "non-finite score nan")):
+        with pytest.raises(RewardError, match=re.escape(what)):
             load_image_reward(name, user)(images, ["a", "b"], [{}, {}])
     with pytest.raises(RewardError, match="no function 'missing'"):
         load_image_reward("missing", user)

@@ -18,6 +18,7 @@ from lmrl.rewards import (
     load_reward_fn,
     make_reward_manager,
     overlong_penalty,
+    split_extras,
 )
 
 
@@ -282,3 +283,65 @@ def test_batch_timeout_bounds_a_batch_where_everything_hangs(tok, tmp_path):
         assert result.scores.tolist() == [0.0] * 4
         # the replacement worker serves the next batch
         assert manager(make_batch(tok, ["12"], ["12"], eos=False)).scores.tolist() == [1.0]
+
+
+def verl_dapo_style(data_source, solution_str, ground_truth, extra_info=None):
+    """What verl's ``math_dapo.compute_score`` returns: a bool ``acc`` and a text ``pred``;
+    the last sample's ``pred`` is missing, the first one's is a number."""
+    if extra_info["index"] == 2:
+        return {"score": -1.0, "acc": False}
+    pred = 12 if extra_info["index"] == 0 else "\\frac12"
+    return {"score": 1.0, "acc": solution_str == ground_truth, "pred": pred}
+
+
+def test_text_extras_are_split_from_numeric_ones(tok):
+    batch = make_batch(tok, ["1", "2", "3"], ["1", "1", "1"], eos=False)
+    with make_reward_manager("naive", tok, num_workers=0, reward_fns=verl_dapo_style) as m:
+        result = m(batch)
+    numeric, text = split_extras(result.extras)
+    assert sorted(numeric) == ["acc", "score"] and list(text) == ["pred"]
+    np.testing.assert_array_equal(numeric["acc"], [1.0, 0.0, 0.0])
+    assert numeric["acc"].dtype == np.float64
+    assert list(text["pred"]) == ["12.0", "\\frac12", None]
+    assert result.metrics["reward/errors"] == 0.0
+
+
+def test_a_text_extra_reaches_the_generations_log_and_numbers_the_metrics(tiny_workspace, tmp_path):
+    from lmrl.config import load_config
+    from lmrl.trainer import Trainer, build_run
+
+    (tmp_path / "reward.py").write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return {'score': 1.0, 'acc': True, 'pred': '\\\\frac12'}\n"
+    )
+    root = tiny_workspace
+    cfg = load_config(
+        None,
+        [
+            f"model.path={root / 'model'}",
+            f"data.train_files={root / 'data' / 'train.parquet'}",
+            "data.max_prompt_length=64",
+            "data.max_response_length=4",
+            "data.train_batch_size=2",
+            "rollout.n=2",
+            "actor.ppo_mini_batch_size=2",
+            "algorithm.adv_estimator=grpo",
+            "trainer.device=cpu",
+            "trainer.total_training_steps=1",
+            "trainer.save_freq=0",
+            "trainer.logger=[]",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+            "reward.num_workers=0",
+            f"reward.custom_reward_function.path={tmp_path / 'reward.py'}",
+        ],
+    )
+    trainer = Trainer(build_run(cfg), cfg.trainer)
+    try:
+        metrics = trainer.step()
+        rows = trainer.generations()
+    finally:
+        trainer.close()
+    assert metrics["reward/acc/mean"] == 1.0 and metrics["reward/score/mean"] == 1.0
+    assert not any(key.startswith("reward/pred") for key in metrics)
+    assert len(rows) == 4 and all(row["pred"] == "\\frac12" for row in rows)
+    assert rows[0]["score"] == 1.0 and "response" in rows[0]

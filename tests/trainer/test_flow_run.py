@@ -255,7 +255,7 @@ def test_the_flow_program_runs_over_parts_a_test_may_replace(flow_workspace, tmp
             self.calls += 1
             b = images.shape[0]
             scores = torch.ones(b) if self.constant else torch.arange(b, dtype=torch.float32)
-            return scores, {"fake": torch.full((b,), 0.5)}
+            return scores, {"fake": torch.full((b,), 0.5)}, {"reward/errors": 0.0}
 
     args = _args(flow_workspace, tmp_path / "run", "trainer.total_training_steps=1")
     parts = build_flow(load_flow_config(None, args))

@@ -18,6 +18,19 @@ from lmrl.workers.ray_cluster import RayCluster, RayError, free_port, ray_proces
 ray = pytest.importorskip("ray")
 
 
+def socket_server():
+    """A listening socket on loopback: ``with socket_server() as port``."""
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def serve():
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            yield server.getsockname()[1]
+
+    return serve()
+
+
 def _wait_gone(temp_dir: str, seconds: float = 30) -> None:
     deadline = time.monotonic() + seconds
     while ray_processes(temp_dir):
@@ -80,6 +93,100 @@ def test_joining_an_address_with_no_cluster_fails_fast_with_the_key():
         cluster.start()
     assert time.monotonic() - start < 60
     assert not ray.is_initialized()
+
+
+@pytest.mark.parametrize(
+    "address, expected",
+    [
+        ("http://127.0.0.1:8265", "is the URL of Ray's dashboard or job server"),
+        ("127.0.0.1", "is not host:port"),
+        ("grpc://127.0.0.1:6379", "has the scheme grpc://"),
+    ],
+)
+def test_an_address_ray_cannot_join_is_named_before_ray_starts(address, expected):
+    """issue 31 §4: a dashboard URL was blamed on name resolution."""
+    cluster = RayCluster(ResourcesConfig(ray_address=address), device="cpu")
+    with pytest.raises(RayError) as err:
+        cluster.start()
+    message = str(err.value)
+    assert expected in message and "host:6379, ray://host:10001 (Ray Client) or auto" in message
+    assert "\n" not in message and not ray.is_initialized()
+
+
+def _ray_2_60_token_error() -> ConnectionError:
+    """What ``ray.init(address=...)`` of Ray 2.60 raises when the cluster was started with
+    ``RAY_AUTH_MODE=token`` and this process has no token or another one (seen against a
+    real head): the authentication error is two causes down."""
+    auth = "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token is missing or incorrect."  # noqa: E501
+    gcs = RuntimeError(f"Failed to connect to GCS. Last connection error: Traceback\n  ...\n{auth}")
+    try:
+        raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6379") from gcs
+    except ConnectionError as err:
+        return err
+
+
+@pytest.mark.parametrize(
+    "error, env, expected",
+    [
+        (_ray_2_60_token_error, {}, "no valid token (RAY_AUTH_MODE is not set); set "
+                                    "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<the cluster's token>"),
+        (_ray_2_60_token_error, {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "x" * 32},
+         "the token this process gives (RAY_AUTH_TOKEN) is not the cluster's"),
+        (lambda: ray.exceptions.AuthenticationError(
+            "Token authentication is enabled but no authentication token was found"),
+         {"RAY_AUTH_MODE": "token"}, "no valid token (RAY_AUTH_MODE is 'token'); set"),
+    ],
+)  # fmt: skip
+def test_token_authentication_of_the_cluster_is_named_with_the_variable_to_set(
+    error, env, expected, monkeypatch
+):
+    """issue 31 §4: a cluster started with RAY_AUTH_MODE=token refuses a driver without its
+    token, and Ray says "Failed to connect": one line naming the token and RAY_AUTH_TOKEN (no
+    Ray starts: ``ray.init`` is a stand-in that raises what Ray raises)."""
+    from types import SimpleNamespace
+
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+    def init(**kwargs):
+        raise error()
+
+    with socket_server() as port:  # something answers at the address
+        address = f"127.0.0.1:{port}"
+        cluster = RayCluster(ResourcesConfig(ray_address=address), device="cpu")
+        with pytest.raises(RayError) as err:
+            cluster._join(SimpleNamespace(init=init))
+    message = str(err.value)
+    assert message.startswith(
+        f"cannot join the Ray cluster at resources.ray_address={address!r}: the cluster "
+        "requires token authentication and "
+    )
+    assert expected in message and "\n" not in message
+
+
+def test_a_connection_error_without_authentication_keeps_its_own_words():
+    from types import SimpleNamespace
+
+    def init(**kwargs):
+        raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6379") from (
+            RuntimeError("Failed to connect to GCS within 60 seconds")
+        )
+
+    with socket_server() as port:
+        cluster = RayCluster(ResourcesConfig(ray_address=f"127.0.0.1:{port}"), device="cpu")
+        with pytest.raises(RayError) as err:
+            cluster._join(SimpleNamespace(init=init))
+    assert "Failed to connect to Ray cluster" in str(err.value)
+    assert "token" not in str(err.value)
+
+
+def test_ray_client_addresses_are_probed_without_their_scheme():
+    from lmrl.workers.ray_cluster import _unreachable
+
+    with socket_server() as port:
+        assert _unreachable(f"ray://127.0.0.1:{port}") is None
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 
+from lmrl.batch import Batch
 from lmrl.models import load_causal_lm
 from lmrl.rewards.managers import BatchRewardManager, DAPORewardManager, RewardManager
 from lmrl.rollout.agent import AgentLoop
@@ -190,3 +191,25 @@ def test_the_group_actor_gathers_log_probs_and_entropy_like_one_worker(
     only, none = group.compute_log_probs(batch)
     torch.testing.assert_close(only, want, atol=1e-10, rtol=1e-10)
     assert none is None
+
+
+def test_the_group_reward_joins_the_ranks_extras_even_when_a_rank_lacks_one():
+    """Rank 0's samples returned a text ``pred``, rank 1's none: the joined column keeps the
+    text with None for rank 1's rows, and ``acc`` stays numeric."""
+    import numpy as np
+
+    from lmrl.rewards.managers import RewardResult, split_extras
+
+    def result(extras):
+        return RewardResult(torch.zeros(2, 3), extras, {"reward/errors": 1.0})
+
+    ranks = [
+        result({"score": np.ones(2), "acc": np.array([1.0, 0.0]), "pred": np.array(["a", "b"])}),
+        result({"score": np.zeros(2), "acc": np.array([0.0, 1.0])}),
+    ]
+    group = SimpleNamespace(world_size=2, call_each=lambda method, args: ranks)
+    joined = GroupReward(group)(Batch({"x": torch.zeros(4, 1)}))
+    numeric, text = split_extras(joined.extras)
+    assert list(text["pred"]) == ["a", "b", None, None]
+    np.testing.assert_array_equal(numeric["acc"], [1.0, 0.0, 0.0, 1.0])
+    assert joined.metrics["reward/errors"] == 2.0 and joined.token_level_scores.shape == (4, 3)

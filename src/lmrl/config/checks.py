@@ -181,6 +181,11 @@ def check_ranges(c: Config, f: Findings) -> None:
         "reward.num_workers",
     ):
         f.check(key, lambda x: x >= 0, "must be >= 0")
+    f.check(
+        "resources.critic_workers",
+        lambda x: x >= 0,
+        "must be >= 0 (0 = the critic shares the actor's workers, N = a pool of N)",
+    )
     if c.model.lora_rank > 0:
         f.check("model.lora_alpha", lambda x: x > 0, "must be > 0 when LoRA is on")
 
@@ -237,6 +242,8 @@ def check_batch_sizes(c: Config, f: Findings) -> None:
         return  # already reported by ranges()
     workers = c.resources.nnodes * c.resources.n_gpus_per_node
     workers = workers if c.trainer.backend == "ray" else 1
+    if workers < 1 or c.resources.critic_workers < 0:
+        return  # already reported by ranges()
     _batches(c, f, "actor", b, n, workers)
     critic_sizes = (c.critic.ppo_mini_batch_size, c.critic.ppo_micro_batch_size)
     if c.critic.enable and critic_sizes != (
@@ -478,12 +485,37 @@ def check_placement(c: Config, f: Findings) -> None:
             "trainer.backend=ray needs Ray, which is not installed here: "
             "pip install 'lmrl[ray]' (or use trainer.backend=local)"
         )
+    address = c.resources.ray_address
+    problem = ray_address_problem(address) if address is not None else None
+    if problem:
+        f.errors.append(f"resources.ray_address={address!r} {problem}")
     placed = c.resources.nnodes * c.resources.n_gpus_per_node
     if c.trainer.backend == "local" and placed > 1:
         f.warnings.append(
             f"resources (nnodes * n_gpus_per_node = {placed}) place Ray workers only; "
             "trainer.backend=local runs in one process on one device"
         )
+
+
+def ray_address_problem(address: str) -> str | None:
+    """Why ``address`` cannot be what ``ray.init(address=...)`` joins, or None.
+
+    Ray takes ``auto``, the head's GCS address ``host:port`` (``ray start --head`` prints
+    ``host:6379``) or a Ray Client address ``ray://host:10001``; a dashboard or job-server
+    URL (``http://host:8265``) is the usual slip, and is named as such.
+    """
+    wants = "Ray joins a cluster at its head's host:6379, ray://host:10001 (Ray Client) or auto"
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme.lower() in ("http", "https"):
+        return f"is the URL of Ray's dashboard or job server, not of the cluster; {wants}"
+    if sep and scheme != "ray":
+        return f"has the scheme {scheme}://, which Ray does not know; {wants}"
+    if address == "auto":
+        return None
+    host, _, port = (rest if sep else address).rpartition(":")
+    if not host or not port.isdigit():
+        return f"is not host:port; {wants}"
+    return None
 
 
 def _registry(module: str, name: str) -> Any:

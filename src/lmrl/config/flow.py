@@ -132,6 +132,12 @@ class FlowRewardConfig:
     path: str | None = opt(
         None, "A Python file whose function `name` (images, prompts, metadata) -> scores."
     )
+    max_error_fraction: float = opt(
+        0.9,
+        "Stop the run when the first batch's scoring fails (raises, returns no numbers, NaN) "
+        "on at least this fraction of images, quoting the first error; later batches score "
+        "a failed image 0 and count it in reward/errors. > 1 = never stop.",
+    )
 
 
 @dataclass
@@ -196,6 +202,7 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
         ("actor.ppo_epochs", lambda x: x >= 1, "must be >= 1"),
         ("actor.max_grad_norm", lambda x: x > 0, "must be > 0"),
         ("actor.optim.lr", lambda x: x >= 0, "must be >= 0"),
+        ("reward.max_error_fraction", lambda x: x >= 0, "must be >= 0 (> 1 = never stop)"),
         *RUN_CHECKS,
         ("trainer.val_images_per_prompt", lambda x: x >= 1, "must be >= 1"),
         ("actor.ema_decay", lambda x: 0 <= x < 1, "must be in [0, 1)"),

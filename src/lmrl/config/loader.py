@@ -289,6 +289,7 @@ def _read_yaml(path: Path) -> Mapping[str, Any]:
     except OSError as err:
         raise ConfigError(f"config file {path} cannot be read: {err}") from None
     try:
+        _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"config file {path} is not valid YAML: {yaml_problem(err)}") from None
@@ -303,6 +304,29 @@ def _read_yaml(path: Path) -> Mapping[str, Any]:
     if "${" in text:
         data = _resolve_interpolations(data, path)
     return data
+
+
+def _refuse_duplicate_keys(node: yaml.Node | None, path: Path, prefix: str = "") -> None:
+    """Refuse a key written twice in one mapping (PyYAML silently keeps the last), e.g. two
+    ``actor:`` sections, naming the dotted key and both lines."""
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_duplicate_keys(item, path, prefix)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+            key, line = f"{prefix}{key_node.value}", key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"config file {path}: {key!r} is written twice (lines {seen[key]} and "
+                    f"{line}); YAML would keep only the second, so merge them into one"
+                )
+            seen[key] = line
+            _refuse_duplicate_keys(value_node, path, f"{key}.")
+        else:
+            _refuse_duplicate_keys(value_node, path, prefix)
 
 
 def _resolve_interpolations(data: Mapping[str, Any], path: Path) -> Mapping[str, Any]:
@@ -354,9 +378,12 @@ def _finish(
     found: list[str] = []
     written: dict[str, tuple[_Entry, Any]] = {}  # path -> the entry that set it last, its value
     cfg = _build(layers, errors, found, kind, written)
+    defaults = kind.root()
     for path, why in kind.inert(cfg).items():
         if path in written:
             entry, value = written[path]
+            if entry.raw is None and _lookup(cfg, path) == _lookup(defaults, path):
+                continue  # a file's default (a saved or a full verl config writes every key)
             found.append(f"{entry.key}={value!r} changes nothing: {why} ({entry.source})")
     if errors:
         _emit(found, notices)
@@ -379,6 +406,13 @@ def _finish(
     _emit(found, notices)
     if missing:
         raise ConfigError(missing)
+    return cfg
+
+
+def _lookup(cfg: Any, path: str) -> Any:
+    """The value at a dotted path, through mapping keys too (``rollout.vllm.dtype``)."""
+    for seg in path.split("."):
+        cfg = cfg.get(seg) if isinstance(cfg, Mapping) else getattr(cfg, seg, None)
     return cfg
 
 
@@ -410,6 +444,8 @@ def _build(
                     error = _set_option(cfg, spec[holder], path, entry, tr.value)
                     if error:
                         errors.append(error + where)
+                    else:
+                        written[path] = (entry, tr.value)
                     continue
                 if holder is not None:  # reward_kwargs.scale=2: one item of a mapping key
                     _set(cfg, holder, _with_item(_get(cfg, holder), path[len(holder) + 1 :],
@@ -449,7 +485,9 @@ def _build(
                     f"{entry.key}={value!r}; keep one"
                 )
                 continue
-            seen[path] = written[path] = (entry, value)
+            seen[path] = (entry, value)
+            # a notice quotes what the user wrote (param_offload=true, not offload='params')
+            written[path] = (entry, value if tr.update is None else entry.value)
             _set(cfg, path, value)
     return cfg
 

@@ -195,4 +195,32 @@ def inert_keys(cfg: Config) -> dict[str, str]:
             "kl_ctrl.horizon",
         ]
         out.update(dict.fromkeys([f"algorithm.{k}" for k in keys], why))
+    out.update(_inert_placement(cfg))
+    if cfg.rollout.name != "vllm":
+        why = f"rollout.name={cfg.rollout.name}, so no vLLM engine runs; set rollout.name=vllm"
+        out.update({f"rollout.vllm.{k}": why for k in cfg.rollout.vllm})
+    mt = cfg.rollout.multi_turn
+    if not (mt.enable and "search" in mt.tools):
+        why = (
+            "rollout.multi_turn.enable=false, so no tool runs"
+            if not mt.enable
+            else f"rollout.multi_turn.tools={mt.tools} has no search tool"
+        )
+        out.update({f"retriever.{f.name}": why for f in dataclasses.fields(cfg.retriever)})
+    return out
+
+
+def _inert_placement(cfg: Config) -> dict[str, str]:
+    """``actor/critic.strategy`` and ``.offload``: only Ray's FSDP2 workers read them."""
+    out = {}
+    for section in ("actor", "critic"):
+        if cfg.trainer.backend == "local":
+            why = (
+                "trainer.backend=local trains in one process, without data parallelism or "
+                "sharding; set trainer.backend=ray"
+            )
+            out.update(dict.fromkeys([f"{section}.strategy", f"{section}.offload"], why))
+        elif getattr(cfg, section).strategy != "fsdp2":
+            why = f"only fsdp2 offloads shards; set {section}.strategy=fsdp2"
+            out[f"{section}.offload"] = why
     return out

@@ -22,6 +22,8 @@ prompt's half).
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -46,6 +48,7 @@ __all__ = [
     "load_image_reward",
 ]
 
+log = logging.getLogger("lmrl.rewards")
 ImageRewardFn = Callable[[torch.Tensor, Sequence[str], Sequence[dict]], Any]
 _CHANNEL_COLOUR = {channel: name for name, (channel, _) in COLOURS.items()}
 
@@ -185,52 +188,127 @@ IMAGE_REWARDS: dict[str, ImageRewardFn] = {
 
 
 class ImageReward:
-    """A reward function with its output checked: ``reward(images, prompts, metadata)`` is the
-    (B,) float scores; `score` also returns the per-image values a function may return beside
-    them (``{"score": ..., "shape": ...}``: the geneval checks), for the run's metrics."""
+    """A reward function with its output checked, failing like a text reward does.
 
-    def __init__(self, fn: ImageRewardFn, label: str) -> None:
+    ``reward.score(images, prompts, metadata)`` returns the (B,) float scores, the per-image
+    values a function may return beside them (``{"score": ..., "shape": ...}``: the geneval
+    checks) and counters. A function that raises, or returns no B numbers (a wrong length,
+    strings, None), fails on every image of the batch; a NaN or infinite score fails that
+    image. A failed image scores 0 and counts in ``reward/errors`` (out of ``reward/scored``);
+    the first failure is logged once. On the first call, failing on at least
+    ``max_error_fraction`` of the images raises `RewardError` quoting the first error, so a
+    broken reward stops a run at its first step instead of training on zeros.
+
+    Args:
+        fn: ``fn(images, prompts, metadata) -> scores``.
+        label: names the function in messages (``reward_fn in /path/reward.py``).
+        max_error_fraction: as the text rewards' ``reward.max_error_fraction``; > 1 = never.
+    """
+
+    def __init__(self, fn: ImageRewardFn, label: str, max_error_fraction: float = 0.9) -> None:
         self.fn, self.label = fn, label
+        self.max_error_fraction = max_error_fraction
+        self.calls = 0  # batches scored so far; the error threshold applies to the first
+        self._logged = False
 
-    def _column(self, values: Any, what: str, count: int) -> torch.Tensor:
-        column = torch.as_tensor(np.asarray(values, dtype=np.float32))
-        if column.shape != (count,) or not torch.isfinite(column).all():
-            raise RewardError(
-                f"image reward {self.label} must return {count} finite {what}, got shape "
-                f"{tuple(column.shape)}"
-            )
-        return column
+    def _numbers(self, values: Any, what: str, count: int) -> torch.Tensor | str:
+        """``values`` as (count,) float32, or why not (non-finite entries are kept)."""
+        if isinstance(values, torch.Tensor):
+            values = values.detach().float().cpu().numpy()
+        try:
+            array = np.asarray(values)
+        except (TypeError, ValueError) as err:  # ragged lists
+            return f"returned {what} that are not one array ({err})"
+        if array.dtype.kind not in "biuf":  # strings, None, objects: never converted
+            first = array.flat[0] if array.size else values
+            first = first.item() if isinstance(first, np.generic) else first
+            kind = "strings" if isinstance(first, str | bytes) else type(first).__name__
+            return f"returned {what} as {kind} ({first!r:.40}), expected numbers"
+        if array.shape != (count,):
+            return f"returned {what} of shape {array.shape}, expected ({count},)"
+        return torch.as_tensor(array.astype(np.float32))
+
+    def _call(
+        self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
+    ) -> tuple[torch.Tensor | str, dict[str, torch.Tensor]]:
+        """The scores (or why the whole batch failed) and the valid extra columns."""
+        count = images.shape[0]
+        try:
+            out = self.fn(images, prompts, metadata)
+        except Exception as err:
+            first_line = (str(err).splitlines() or [""])[0]
+            return f"raised {type(err).__name__}: {first_line}", {}
+        if not isinstance(out, dict):
+            return self._numbers(out, "scores", count), {}
+        if "score" not in out:
+            return f"returned a dict without 'score' (keys {sorted(map(str, out))})", {}
+        extras = {}
+        for key, value in out.items():
+            column = self._numbers(value, f"{key!r} values", count) if key != "score" else None
+            if isinstance(column, torch.Tensor):
+                extras[str(key)] = column
+            elif column is not None:
+                self._warn(f"its {column}; the values are not logged")
+        return self._numbers(out["score"], "scores", count), extras
+
+    def _warn(self, message: str) -> None:
+        if not self._logged:
+            self._logged = True
+            log.warning("image reward %s %s (logged once)", self.label, message)
 
     def score(
         self, images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``(scores (B,), {name: (B,)})``.
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, float]]:
+        """Score B images.
+
+        Returns:
+            ``(scores (B,) float32, {name: (B,)} values beside the score, metrics)``, the
+            metrics ``reward/scored`` (B) and ``reward/errors``; a failed image scores 0.
 
         Raises:
-            RewardError: not B finite scores (or values), or a dict without ``"score"``.
+            RewardError: on the first call, failures on at least ``max_error_fraction`` of
+                the images (one line quoting the first error).
         """
-        out = self.fn(images, prompts, metadata)
         count = images.shape[0]
-        if not isinstance(out, dict):
-            return self._column(out, "scores", count), {}
-        if "score" not in out:
-            raise RewardError(f"image reward {self.label} returned a dict without 'score'")
-        extras = {
-            k: self._column(v, f"{k!r} values", count) for k, v in out.items() if k != "score"
-        }
-        return self._column(out["score"], "scores", count), extras
+        scores, extras = self._call(images, prompts, metadata)
+        if isinstance(scores, str):
+            failed, first = count, scores
+            scores = torch.zeros(count)
+        else:
+            bad = ~torch.isfinite(scores)
+            failed = int(bad.sum())
+            first = (
+                f"returned a non-finite score {scores[bad][0].item()} for image "
+                f"{int(bad.nonzero()[0])} of {count}"
+                if failed
+                else ""
+            )
+            scores = torch.where(bad, torch.zeros_like(scores), scores)
+        calls, self.calls = self.calls, self.calls + 1
+        if failed and calls == 0 and failed >= self.max_error_fraction * count:
+            raise RewardError(
+                f"image reward {self.label} failed on {failed} of {count} images of the first "
+                f"batch; first error: it {first}. Fix the reward, or set "
+                f"reward.max_error_fraction above {self.max_error_fraction:g} (> 1 = never "
+                "stop) to train on anyway"
+            )
+        if failed:
+            self._warn(f"{first} (scored 0 and counted in reward/errors)")
+        return scores, extras, {"reward/scored": float(count), "reward/errors": float(failed)}
 
     def __call__(self, images, prompts, metadata) -> torch.Tensor:
         return self.score(images, prompts, metadata)[0]
 
 
-def load_image_reward(name: str | None = None, path: str | Path | None = None) -> ImageReward:
+def load_image_reward(
+    name: str | None = None, path: str | Path | None = None, max_error_fraction: float = 0.9
+) -> ImageReward:
     """A built-in image reward by name, or the function ``name`` (default ``reward_fn``) of
-    the user's file ``path``, as an `ImageReward`.
+    the user's file ``path``, as an `ImageReward` (``max_error_fraction``: see there).
 
     Raises:
         RewardError: an unknown name, a file that is missing or fails to import, a missing
-            function.
+            function, or one that cannot take ``(images, prompts, metadata)``.
     """
     if path is None:
         if name not in IMAGE_REWARDS:
@@ -238,7 +316,7 @@ def load_image_reward(name: str | None = None, path: str | Path | None = None) -
                 f"unknown image reward {name!r}; built in: {', '.join(IMAGE_REWARDS)} (or give "
                 "a file of your own)"
             )
-        return ImageReward(IMAGE_REWARDS[name], name)
+        return ImageReward(IMAGE_REWARDS[name], name, max_error_fraction)
     name = name or "reward_fn"
     try:
         module = import_user_file(path, "lmrl_user_image_reward")
@@ -247,4 +325,16 @@ def load_image_reward(name: str | None = None, path: str | Path | None = None) -
     fn = getattr(module, name, None)
     if not callable(fn):
         raise RewardError(f"image reward file {path} has no function {name!r}")
-    return ImageReward(fn, f"{name} in {path}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): found on the first call
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(None, None, None)
+        except TypeError as err:
+            raise RewardError(
+                f"image reward file {path}: {name}{signature} cannot be called as "
+                f"{name}(images, prompts, metadata) ({err})"
+            ) from None
+    return ImageReward(fn, f"{name} in {path}", max_error_fraction)

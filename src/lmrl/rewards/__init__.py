@@ -31,6 +31,7 @@ _EXPORTS = {
     "RewardResult": "lmrl.rewards.managers",
     "make_reward_manager": "lmrl.rewards.managers",
     "overlong_penalty": "lmrl.rewards.managers",
+    "split_extras": "lmrl.rewards.managers",
 }
 
 __all__ = sorted(_EXPORTS)

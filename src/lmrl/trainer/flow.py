@@ -216,7 +216,7 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
     )  # fmt: skip
     ema = WeightEMA(params, a.ema_decay, a.ema_every) if a.ema else None
     update = FlowGRPO(model, sampler, optimizer, settings, reference=reference, ema=ema)
-    reward = load_image_reward(cfg.reward.name, cfg.reward.path)
+    reward = load_image_reward(cfg.reward.name, cfg.reward.path, cfg.reward.max_error_fraction)
     prompt_order = PromptSampler(len(train_prompts), cfg.data.train_batch_size, seed=cfg.data.seed)
     trackers = make_trackers(
         t.logger, start.run_dir, t.project_name, t.experiment_name, config_dict=asdict(cfg),
@@ -270,12 +270,13 @@ class FlowTrainer(RunsOnLoop):
         return torch.zeros_like(cond) if self.cfg.sampler.guidance_scale != 1.0 else None
 
     def _score(self, images: torch.Tensor, rows: list[dict]) -> tuple[torch.Tensor, dict]:
-        """Rewards of images in [-1, 1], and the means of what the reward returns beside them
-        (``flow/check/<name>``: the geneval checks)."""
+        """Rewards of images in [-1, 1], the means of what the reward returns beside them
+        (``flow/check/<name>``: the geneval checks) and its counters (``reward/errors``)."""
         pixels = ((images.cpu() + 1) / 2).clamp(0, 1)
         prompts, metadata = [r["prompt"] for r in rows], [r["attributes"] for r in rows]
-        scores, extras = self.reward.score(pixels, prompts, metadata)
-        return scores, {f"flow/check/{k}": float(v.mean()) for k, v in extras.items()}
+        scores, extras, counts = self.reward.score(pixels, prompts, metadata)
+        means = {f"flow/check/{k}": float(v[v.isfinite()].mean()) for k, v in extras.items()}
+        return scores, means | counts
 
     def step(self) -> dict[str, float]:
         """One Flow-GRPO step; returns its metrics."""

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from lmrl.batch import Batch
+from lmrl.rewards.managers import split_extras
 from lmrl.rollout.merge import concat_rollouts
 from lmrl.trainer.metrics import StageTimer
 from lmrl.trainer.validation import validation_metrics
@@ -81,18 +82,23 @@ def greedy_baseline(parts, prompts: Batch) -> torch.Tensor:
 
 
 def score(reward, batch: Batch, metrics: dict) -> dict[str, np.ndarray]:
-    """Write ``token_level_scores`` into ``batch``; add the manager's extras and counters to
-    ``metrics``; return the extras (per-sample arrays)."""
+    """Write ``token_level_scores`` into ``batch``; add the manager's numeric extras and
+    counters to ``metrics``; keep its text extras (e.g. verl's ``pred``) in the non-tensor
+    column ``reward_texts`` (a dict per sample) for the generations log; return the numeric
+    extras (per-sample arrays)."""
     result = reward(batch)
     batch["token_level_scores"] = result.token_level_scores.to(batch["responses"].device)
-    for key, value in result.extras.items():
-        finite = np.asarray(value, dtype=np.float64)
-        finite = finite[np.isfinite(finite)]
+    numeric, texts = split_extras(result.extras)
+    for key, value in numeric.items():
+        finite = value[np.isfinite(value)]
         if finite.size:
             metrics[f"reward/{key}/mean"] = float(finite.mean())
+    if texts:
+        rows = [{k: v[i] for k, v in texts.items() if v[i] is not None} for i in range(len(batch))]
+        batch["reward_texts"] = rows
     for key, value in result.metrics.items():
         metrics[key] = metrics.get(key, 0.0) + float(value)
-    return result.extras
+    return numeric
 
 
 def filter_metric(batch: Batch, extras: dict[str, np.ndarray], name: str) -> np.ndarray:

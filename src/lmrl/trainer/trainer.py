@@ -164,7 +164,8 @@ class Trainer(RunsOnLoop):
         return self.parts.trackers
 
     def generations(self, limit: int = 8) -> list[dict]:
-        """Prompt, response and score of the first samples of the last step's batch."""
+        """Prompt, response, score and the reward's text extras of the first samples of the
+        last step's batch."""
         if self.last_batch is None:
             return []
         batch, tok = self.last_batch.index(slice(0, limit)), self.parts.tokenizer
@@ -174,9 +175,12 @@ class Trainer(RunsOnLoop):
             for ids, mask in zip(batch["responses"], response_tokens_mask(batch), strict=True)
         ]
         scores = batch["token_level_scores"].sum(-1).tolist()
+        texts = batch.get("reward_texts", [{}] * len(batch))  # the reward's text extras
         return [
-            {"prompt": p, "response": r, "score": sc, "data_source": src}
-            for p, r, sc, src in zip(prompts, responses, scores, batch["data_source"], strict=True)
+            {**text, "prompt": p, "response": r, "score": sc, "data_source": src}
+            for p, r, sc, src, text in zip(
+                prompts, responses, scores, batch["data_source"], texts, strict=True
+            )
         ]
 
     def close(self) -> None:

@@ -6,7 +6,8 @@ reference is the sharded actor itself) are sharded alike. Each decoder layer is 
 unit and the root holds the rest (embeddings, final norm,
 output head: tied weights stay in one unit). A unit's parameters are all-gathered before its
 forward and backward and freed after; gradients are reduce-scattered, summed (not averaged:
-each rank's loss is already its share of the mini-batch loss, see ``lmrl.workers.dist``).
+each rank's loss is already its share of the mini-batch loss, see ``lmrl.workers.dist``) with
+``ReduceOp.SUM`` in every dtype (gloo has no ``PREMUL_SUM``, FSDP2's op for a float32 factor).
 
 What this strategy changes in the worker loop:
 
@@ -71,6 +72,9 @@ class FSDP2(DDP):
         self._shard(model)
         for unit in self._units(model):  # each unit's own setting: sum, not mean
             unit.set_gradient_divide_factor(1.0)
+            # and reduced with SUM: a factor in float32/bf16 otherwise becomes NCCL's
+            # PREMUL_SUM(1/factor), which gloo lacks (float64 already takes the SUM path)
+            unit.set_force_sum_reduction_for_comms(True)
         self.model = model
         return model
 

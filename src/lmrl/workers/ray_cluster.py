@@ -120,9 +120,50 @@ def kill_processes(temp_dir: str, timeout_s: float = 10.0) -> list[int]:
     return [p for p in pids if _alive(p)]
 
 
+def _needs_token(err: BaseException) -> bool:
+    """Whether ``ray.init`` failed on Ray's token authentication (a cluster started with
+    ``RAY_AUTH_MODE=token``).
+
+    Ray 2.60 raises ``ConnectionError("Failed to connect to Ray cluster at ...")`` from a
+    ``RuntimeError("Failed to connect to GCS. Last connection error: ...")`` whose text holds
+    the ``AuthenticationError`` ("InvalidAuthToken: Authentication token is missing or
+    incorrect"), so the whole chain of causes is read.
+    """
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        text = str(cause).lower()
+        if type(cause).__name__ == "AuthenticationError" or "unauthenticated" in text:
+            return True
+        if "authentication" in text and "token" in text:
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _token_hint() -> str:
+    """What to set for a cluster with token authentication, given this process's settings."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    has = [k for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH") if os.environ.get(k)]
+    if mode == "token" and has:
+        return (
+            f"the token this process gives ({' / '.join(has)}) is not the cluster's; set "
+            "RAY_AUTH_TOKEN to the token the head was started with (`ray get-auth-token` on "
+            "the head prints it)"
+        )
+    now = f"RAY_AUTH_MODE is {mode!r}" if mode else "RAY_AUTH_MODE is not set"
+    return (
+        f"this process has no valid token ({now}); set RAY_AUTH_MODE=token and "
+        "RAY_AUTH_TOKEN=<the cluster's token> (or RAY_AUTH_TOKEN_PATH=<a file holding it>) in "
+        "the environment of lmrl (`ray get-auth-token` on the head prints it)"
+    )
+
+
 def _unreachable(address: str, timeout_s: float = 5.0) -> str | None:
-    """None when a TCP connection to ``host:port`` opens, else why not."""
-    host, _, port = address.rpartition(":")
+    """None when a TCP connection to ``host:port`` (or ``ray://host:port``) opens, else why
+    not."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         return "expected host:port (or auto)"
     try:
@@ -227,18 +268,26 @@ class RayCluster:
     def _join(self, ray) -> None:
         hint = ("start one with `ray start --head --node-ip-address=<ip> --port=6379`, or "
                 "unset resources.ray_address for a local instance")  # fmt: skip
+        from lmrl.config.checks import ray_address_problem  # not in the reaper's imports
+
+        where = f"cannot join the Ray cluster at resources.ray_address={self.address!r}"
+        malformed = ray_address_problem(self.address)
+        if malformed:
+            raise RayError(f"resources.ray_address={self.address!r} {malformed}")
         if self.address != "auto":
             problem = _unreachable(self.address)
             if problem:  # Ray itself would retry for minutes
-                raise RayError(f"cannot join the Ray cluster at resources.ray_address="
-                               f"{self.address!r}: {problem}; {hint}")  # fmt: skip
+                raise RayError(f"{where}: {problem}; {hint}")
         try:
             ray.init(address=self.address, log_to_driver=True, configure_logging=False)
-        except (ConnectionError, RuntimeError, ValueError) as err:
-            raise RayError(
-                f"cannot join the Ray cluster at resources.ray_address={self.address!r}: "
-                f"{str(err).splitlines()[0]}; {hint}"
-            ) from None
+        except Exception as err:
+            if _needs_token(err):
+                raise RayError(
+                    f"{where}: the cluster requires token authentication and {_token_hint()}"
+                ) from None
+            if not isinstance(err, ConnectionError | RuntimeError | ValueError):
+                raise
+            raise RayError(f"{where}: {str(err).splitlines()[0]}; {hint}") from None
         log.info("ray: joined the cluster at %s", self.address)
 
     def _check_capacity(self, ray) -> None:
