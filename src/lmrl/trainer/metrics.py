@@ -73,7 +73,10 @@ METRICS: dict[str, str] = {
     "reward/timeouts": "scorings that ran past reward.timeout_s (or the batch time limit), scored 0",
     "reward/no_score": "samples a batched reward function returned None for (scored 0)",
     "reward/worker_restarts": "reward worker processes replaced after a timeout or a crash",
-    "reward/": "reward manager extras per sample, as reward/<key>/mean (acc, overlong_penalty...)",
+    "reward/": (
+        "numeric (and bool) reward extras per sample, as reward/<key>/mean (acc, "
+        "overlong_penalty...); text extras (verl's pred) go to generations.jsonl instead"
+    ),
     "filter_groups/": "DAPO dynamic sampling: kept groups and generation batches used",
     "timing_s/": "seconds spent in each stage of the step (gen, reward, old_log_prob, ref, "
     "values, adv, update_critic, update_actor, step)",
