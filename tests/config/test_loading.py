@@ -236,7 +236,8 @@ def test_a_files_default_values_are_not_noticed_but_typed_ones_are(tmp_path):
     assert notices == []
     load_config(path, ["actor.strategy=ddp", "retriever.topk=3"], notices=notices)
     assert [n.split(" changes nothing")[0] for n in notices] == [
-        "actor.strategy='ddp'", "retriever.topk=3"
+        "actor.strategy='ddp'",
+        "retriever.topk=3",
     ]
 
 

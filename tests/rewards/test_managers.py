@@ -345,3 +345,25 @@ def test_a_text_extra_reaches_the_generations_log_and_numbers_the_metrics(tiny_w
     assert not any(key.startswith("reward/pred") for key in metrics)
     assert len(rows) == 4 and all(row["pred"] == "\\frac12" for row in rows)
     assert rows[0]["score"] == 1.0 and "response" in rows[0]
+
+
+def test_every_scored_batch_has_the_text_column_so_dapo_batches_concatenate():
+    """DAPO's filter_groups concatenates generation batches key for key: a batch whose
+    samples returned no text (``pred`` None everywhere, a numeric column) still gets
+    ``reward_texts``, as ``{}`` per sample."""
+    import torch
+
+    from lmrl.batch import Batch
+    from lmrl.rewards.managers import RewardResult
+    from lmrl.trainer.stages import score
+
+    def reward_returning(pred):
+        return lambda batch: RewardResult(
+            torch.ones(2, 3), {"score": np.ones(2), "pred": np.array(pred, dtype=object)}, {}
+        )
+
+    batches = [Batch({"responses": torch.zeros(2, 3, dtype=torch.long)}) for _ in range(2)]
+    score(reward_returning(["\\frac12", None]), batches[0], {})
+    score(reward_returning([None, None]), batches[1], {})
+    joined = Batch.concat(batches)
+    assert list(joined["reward_texts"]) == [{"pred": "\\frac12"}, {}, {}, {}]

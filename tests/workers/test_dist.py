@@ -176,3 +176,50 @@ def test_a_sharded_reference_scores_uneven_rows_as_one_process(tiny_dir, tmp_pat
     mp.start_processes(_reference_rank, args=(2, _free_port(), str(tiny_dir), str(out)),
                        nprocs=2, start_method="spawn")  # fmt: skip
     torch.testing.assert_close(torch.load(out), want, rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------ weights of another model
+def _widened(model_dir: str) -> dict[str, torch.Tensor]:
+    """The tiny model's weights with every matrix one column wider: another model's."""
+    state = load_causal_lm(model_dir, dtype="float32", device="cpu").state_dict()
+    return {k: torch.zeros(*v.shape[:-1], v.shape[-1] + 1) if v.dim() == 2 else v
+            for k, v in state.items()}  # fmt: skip
+
+
+def _other_weights_rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        dp = FSDP2(rank, world)
+        model = dp.prepare(load_causal_lm(model_dir, dtype="float32", device="cpu"))
+        try:
+            dp.load_model_state(model, _widened(model_dir))
+        except ValueError as err:
+            with open(f"{out}.{rank}", "w") as f:
+                f.write(str(err))
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def test_weights_of_another_model_are_refused_in_one_line(tiny_dir, tmp_path):
+    """issue 31 §4: torch's size-mismatch error is a line per tensor (the run loop's resume
+    wraps this one line with the checkpoint's path); fsdp2's ranks refuse alike, before any
+    collective (so none hangs waiting for the others)."""
+    from lmrl.workers.dist import DataParallel
+
+    model = load_causal_lm(str(tiny_dir), dtype="float32", device="cpu")
+    embed = tuple(model.state_dict()["model.embed_tokens.weight"].shape)
+    wider = (*embed[:-1], embed[-1] + 1)
+    with pytest.raises(ValueError) as err:
+        DataParallel().load_model_state(model, _widened(str(tiny_dir)))
+    message = str(err.value)
+    assert message.startswith(
+        f"weights of another model: model.embed_tokens.weight is {wider}, the model's {embed} (and "
+    )
+    assert "\n" not in message
+    out = tmp_path / "err"
+    mp.start_processes(_other_weights_rank, args=(2, _free_port(), str(tiny_dir), str(out)),
+                       nprocs=2, start_method="spawn")  # fmt: skip
+    assert (tmp_path / "err.0").read_text() == (tmp_path / "err.1").read_text() == message

@@ -117,8 +117,11 @@ def _ray_2_60_token_error() -> ConnectionError:
     """What ``ray.init(address=...)`` of Ray 2.60 raises when the cluster was started with
     ``RAY_AUTH_MODE=token`` and this process has no token or another one (seen against a
     real head): the authentication error is two causes down."""
-    auth = "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token is missing or incorrect."  # noqa: E501
-    gcs = RuntimeError(f"Failed to connect to GCS. Last connection error: Traceback\n  ...\n{auth}")
+    auth = (
+        "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token "
+        "is missing or incorrect."
+    )
+    gcs = RuntimeError(f"Failed to connect to GCS. Last connection error: Traceback\n{auth}")
     try:
         raise ConnectionError("Failed to connect to Ray cluster at 192.0.2.2:6379") from gcs
     except ConnectionError as err:
@@ -138,7 +141,7 @@ def _ray_2_60_token_error() -> ConnectionError:
     ],
 )  # fmt: skip
 def test_token_authentication_of_the_cluster_is_named_with_the_variable_to_set(
-    error, env, expected, monkeypatch
+    error, env, expected, monkeypatch, tmp_path
 ):
     """issue 31 §4: a cluster started with RAY_AUTH_MODE=token refuses a driver without its
     token, and Ray says "Failed to connect": one line naming the token and RAY_AUTH_TOKEN (no
@@ -147,6 +150,7 @@ def test_token_authentication_of_the_cluster_is_named_with_the_variable_to_set(
 
     for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token
     for key, value in env.items():
         monkeypatch.setenv(key, value)
 
@@ -164,6 +168,64 @@ def test_token_authentication_of_the_cluster_is_named_with_the_variable_to_set(
         "requires token authentication and "
     )
     assert expected in message and "\n" not in message
+
+
+def test_a_wrong_token_in_ray_s_default_file_is_named(monkeypatch, tmp_path):
+    from lmrl.workers.ray_cluster import _token_hint
+
+    for key in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("x" * 32)
+    assert _token_hint().startswith("the token this process gives (~/.ray/auth_token) is not")
+
+
+JOIN = """
+from lmrl.config import ResourcesConfig
+from lmrl.workers.ray_cluster import RayCluster, RayError
+try:
+    RayCluster(ResourcesConfig(ray_address={address!r}), device="cpu").start()
+except RayError as err:
+    print(err)
+"""
+
+
+@pytest.mark.slow
+def test_joining_a_cluster_with_token_authentication_without_the_token(tmp_path):
+    """A real head started with RAY_AUTH_MODE=token and a driver without a token (its own
+    HOME: no ~/.ray/auth_token): Ray says only "Failed to connect", lmrl names the token."""
+    import os
+    from pathlib import Path
+
+    from lmrl.workers.ray_cluster import kill_processes
+
+    port, temp_dir = free_port(), f"/tmp/lmrl-ray-tok-{os.getpid()}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env |= {"RAY_USAGE_STATS_ENABLED": "0", "HOME": str(tmp_path)}
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    subprocess.run(
+        [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}",
+         "--include-dashboard=false", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+         "--num-gpus=0", "--disable-usage-stats"],
+        check=True, capture_output=True, timeout=120,
+        env=env | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "a" * 32},
+    )  # fmt: skip
+    try:
+        code = textwrap.dedent(JOIN).format(address=f"127.0.0.1:{port}")
+        # one connection attempt instead of Ray's 20 (1 s apart): the answer is the same
+        driver = env | {"RAY_gcs_server_port_wait_time_s": "1"}
+        done = subprocess.run([sys.executable, "-c", code], env=driver, capture_output=True,
+                              text=True, timeout=300, check=False)  # fmt: skip
+    finally:
+        kill_processes(temp_dir)  # never `ray stop`: it stops every Ray process of the machine
+        _wait_gone(temp_dir)
+    assert done.stdout.startswith(
+        f"cannot join the Ray cluster at resources.ray_address='127.0.0.1:{port}': the cluster "
+        "requires token authentication and this process has no valid token (RAY_AUTH_MODE is "
+        "not set); set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN="
+    ), done.stdout + done.stderr[-2000:]
 
 
 def test_a_connection_error_without_authentication_keeps_its_own_words():

@@ -160,7 +160,6 @@ def check_ranges(c: Config, f: Findings) -> None:
         "critic.ppo_mini_batch_size",
         "critic.ppo_epochs",
         "trainer.total_epochs",
-        "resources.n_gpus_per_node",
         "resources.nnodes",
     ]
     ge1_or_null = [
@@ -181,6 +180,11 @@ def check_ranges(c: Config, f: Findings) -> None:
         "reward.num_workers",
     ):
         f.check(key, lambda x: x >= 0, "must be >= 0")
+    f.check(
+        "resources.n_gpus_per_node",
+        lambda x: x >= 1,
+        "must be >= 1 (workers per node: GPUs, or CPU processes when trainer.device=cpu)",
+    )
     f.check(
         "resources.critic_workers",
         lambda x: x >= 0,

@@ -84,8 +84,8 @@ def greedy_baseline(parts, prompts: Batch) -> torch.Tensor:
 def score(reward, batch: Batch, metrics: dict) -> dict[str, np.ndarray]:
     """Write ``token_level_scores`` into ``batch``; add the manager's numeric extras and
     counters to ``metrics``; keep its text extras (e.g. verl's ``pred``) in the non-tensor
-    column ``reward_texts`` (a dict per sample) for the generations log; return the numeric
-    extras (per-sample arrays)."""
+    column ``reward_texts`` (a dict per sample, {} without text) for the generations log;
+    return the numeric extras (per-sample arrays)."""
     result = reward(batch)
     batch["token_level_scores"] = result.token_level_scores.to(batch["responses"].device)
     numeric, texts = split_extras(result.extras)
@@ -93,9 +93,9 @@ def score(reward, batch: Batch, metrics: dict) -> dict[str, np.ndarray]:
         finite = value[np.isfinite(value)]
         if finite.size:
             metrics[f"reward/{key}/mean"] = float(finite.mean())
-    if texts:
-        rows = [{k: v[i] for k, v in texts.items() if v[i] is not None} for i in range(len(batch))]
-        batch["reward_texts"] = rows
+    # on every batch, {} where none: DAPO's generation batches are concatenated key for key
+    rows = [{k: v[i] for k, v in texts.items() if v[i] is not None} for i in range(len(batch))]
+    batch["reward_texts"] = rows
     for key, value in result.metrics.items():
         metrics[key] = metrics.get(key, 0.0) + float(value)
     return numeric

@@ -40,6 +40,7 @@ __all__ = [
     "balanced_partition",
     "model_state",
     "partition_rows",
+    "refuse_other_shapes",
     "row_tokens",
 ]
 
@@ -160,7 +161,13 @@ class DataParallel:
         return model_state(model)
 
     def load_model_state(self, model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-        """Load full weights (as `model_state` wrote them; tied weights restored)."""
+        """Load full weights (as `model_state` wrote them; tied weights restored).
+
+        Raises:
+            ValueError: weights of another model (`refuse_other_shapes`).
+            KeyError: tensors the model lacks, or that the weights lack.
+        """
+        refuse_other_shapes(model, state)
         missing, unexpected = model.load_state_dict(state, strict=False)
         current = model.state_dict()
         saved = {current[n].data_ptr() for n in state if n in current}
@@ -177,6 +184,25 @@ class DataParallel:
         self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict
     ) -> None:
         optimizer.load_state_dict(state)
+
+
+def refuse_other_shapes(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Refuse full weights of another model before loading them, in one line.
+
+    torch's ``load_state_dict`` reports a size mismatch a line per tensor (48 lines for a
+    small Qwen2); this names the first tensor and counts the rest. ``state``'s tensors are
+    full (unsharded); an FSDP2 model's parameters are DTensors whose ``shape`` is the full one.
+
+    Raises:
+        ValueError: "weights of another model: <name> is (a, b), the model's (c, d) (and N
+            more)" (the run loop's resume names the checkpoint around it).
+    """
+    current = model.state_dict()
+    shapes = [f"{n} is {tuple(t.shape)}, the model's {tuple(current[n].shape)}"
+              for n, t in state.items() if n in current and current[n].shape != t.shape]  # fmt: skip
+    if shapes:
+        more = f" (and {len(shapes) - 1} more)" if len(shapes) > 1 else ""
+        raise ValueError(f"weights of another model: {shapes[0]}{more}")
 
 
 class DDP(DataParallel):

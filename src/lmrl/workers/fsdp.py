@@ -42,7 +42,7 @@ from torch import nn
 
 from lmrl.batch import Batch
 from lmrl.models.grad import wire_device
-from lmrl.workers.dist import DDP
+from lmrl.workers.dist import DDP, refuse_other_shapes
 
 __all__ = ["FSDP2"]
 
@@ -151,6 +151,7 @@ class FSDP2(DDP):
             set_model_state_dict,
         )
 
+        refuse_other_shapes(model, state)
         full = dict(state)
         for name, source in _tied_duplicates(model).items():
             if name not in full and source in full:

@@ -146,6 +146,8 @@ def _token_hint() -> str:
     """What to set for a cluster with token authentication, given this process's settings."""
     mode = os.environ.get("RAY_AUTH_MODE")
     has = [k for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH") if os.environ.get(k)]
+    if (Path.home() / ".ray" / "auth_token").is_file():  # where Ray looks last
+        has.append("~/.ray/auth_token")
     if mode == "token" and has:
         return (
             f"the token this process gives ({' / '.join(has)}) is not the cluster's; set "
