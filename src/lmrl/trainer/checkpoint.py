@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lmrl.errors import CheckpointError
+from lmrl.models.loading import refuse_other_shapes
 
 log = logging.getLogger("lmrl.trainer")
 
@@ -106,12 +107,11 @@ def load_model_state(model: torch.nn.Module, path: Path) -> None:
             shape, one the model lacks, one the checkpoint lacks), in one line.
     """
     state = read_weights(path)
+    try:
+        refuse_other_shapes(model, state)
+    except ValueError as err:
+        raise CheckpointError(f"{path}: {err}") from None
     current = model.state_dict()
-    shapes = [f"{n} is {tuple(t.shape)}, the model's {tuple(current[n].shape)}"
-              for n, t in state.items() if n in current and current[n].shape != t.shape]  # fmt: skip
-    if shapes:
-        more = f" (and {len(shapes) - 1} more)" if len(shapes) > 1 else ""
-        raise CheckpointError(f"{path}: weights of another model: {shapes[0]}{more}")
     saved_ptrs = {current[n].data_ptr() for n in state if n in current}
     tied = {n for n, t in current.items() if n not in state and t.data_ptr() in saved_ptrs}
     missing, unexpected = model.load_state_dict(state, strict=False)

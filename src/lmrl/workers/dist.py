@@ -33,6 +33,7 @@ from torch import nn
 from lmrl.batch import Batch
 from lmrl.models.forward import distinct_rows
 from lmrl.models.grad import wire_device
+from lmrl.models.loading import refuse_other_shapes
 
 __all__ = [
     "DDP",
@@ -40,7 +41,6 @@ __all__ = [
     "balanced_partition",
     "model_state",
     "partition_rows",
-    "refuse_other_shapes",
     "row_tokens",
 ]
 
@@ -184,25 +184,6 @@ class DataParallel:
         self, model: nn.Module, optimizer: torch.optim.Optimizer, state: dict
     ) -> None:
         optimizer.load_state_dict(state)
-
-
-def refuse_other_shapes(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Refuse full weights of another model before loading them, in one line.
-
-    torch's ``load_state_dict`` reports a size mismatch a line per tensor (48 lines for a
-    small Qwen2); this names the first tensor and counts the rest. ``state``'s tensors are
-    full (unsharded); an FSDP2 model's parameters are DTensors whose ``shape`` is the full one.
-
-    Raises:
-        ValueError: "weights of another model: <name> is (a, b), the model's (c, d) (and N
-            more)" (the run loop's resume names the checkpoint around it).
-    """
-    current = model.state_dict()
-    shapes = [f"{n} is {tuple(t.shape)}, the model's {tuple(current[n].shape)}"
-              for n, t in state.items() if n in current and current[n].shape != t.shape]  # fmt: skip
-    if shapes:
-        more = f" (and {len(shapes) - 1} more)" if len(shapes) > 1 else ""
-        raise ValueError(f"weights of another model: {shapes[0]}{more}")
 
 
 class DDP(DataParallel):

@@ -42,7 +42,8 @@ from torch import nn
 
 from lmrl.batch import Batch
 from lmrl.models.grad import wire_device
-from lmrl.workers.dist import DDP, refuse_other_shapes
+from lmrl.models.loading import refuse_other_shapes
+from lmrl.workers.dist import DDP
 
 __all__ = ["FSDP2"]
 
