@@ -354,7 +354,7 @@ def test_every_scored_batch_has_the_text_column_so_dapo_batches_concatenate():
     import torch
 
     from lmrl.batch import Batch
-    from lmrl.rewards.managers import RewardResult
+    from lmrl.rewards.result import RewardResult
     from lmrl.trainer.stages import score
 
     def reward_returning(pred):

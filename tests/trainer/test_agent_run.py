@@ -8,13 +8,12 @@ import math
 import os
 import signal
 import textwrap
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.trainer.test_tool_failures import retrieval_server
 
 from lmrl.batch import response_tokens_mask
 from lmrl.cli import main as cli_main
@@ -174,28 +173,6 @@ def test_a_tool_file_that_fails_to_import_is_a_clear_error(search_workspace, tmp
 
 
 # ---------------------------------------------------------------------------- Search-R1
-class _Retrieval(BaseHTTPRequestHandler):
-    """Search-R1's retrieval server, answering from our BM25 tool over the task's corpus."""
-
-    tool = None
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        hits = self.tool.retrieve(body["queries"])
-        result = [
-            [{"document": {"contents": f"{p['title']}\n{p['text']}"}, "score": 1.0} for p in h]
-            for h in hits
-        ]
-        data = json.dumps({"result": result}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
 def search_r1_command_line(root: Path, url: str) -> list[str]:
     """Seed 003 §2.2's Search-R1 configuration, every line as written but the engine
     (``rollout.name=vllm`` -> ``hf``: no vLLM on a CPU), then the local paths, sizes and the
@@ -246,7 +223,6 @@ def search_r1_command_line(root: Path, url: str) -> list[str]:
 def test_search_r1_command_line_runs_as_written(tmp_path, capsys, monkeypatch, search_caller):
     """256 prompts x n_agent 5 per step, k3 KL loss, state masking, a retrieval server."""
     from lmrl.data.tasks import write_task
-    from lmrl.tools import SearchTool
 
     monkeypatch.setenv("WANDB_MODE", "")
     monkeypatch.delenv("WANDB_MODE")  # unset: the tracker runs W&B offline (no account)
@@ -254,11 +230,7 @@ def test_search_r1_command_line_runs_as_written(tmp_path, capsys, monkeypatch, s
     pytest.importorskip("wandb")
     search_caller(tmp_path / "model")
     paths = write_task("search_qa", tmp_path / "data", seed=0, num_train=256, num_test=8)
-    _Retrieval.tool = SearchTool(paths["corpus"], topk=3)
-    server = HTTPServer(("127.0.0.1", 0), _Retrieval)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}/retrieve"
+    with retrieval_server(paths["corpus"], topk=3) as url:
         args = search_r1_command_line(tmp_path, url)
         cfg = load_config(None, args)
         assert cfg.rollout.n == 5 and cfg.actor.state_masking and cfg.rollout.multi_turn.enable
@@ -266,9 +238,6 @@ def test_search_r1_command_line_runs_as_written(tmp_path, capsys, monkeypatch, s
         assert (cfg.rollout.multi_turn.max_turns, cfg.rollout.multi_turn.max_obs_length) == (2, 32)
         assert cfg.actor.kl_loss_type == "low_var_kl"
         code = cli_main(["train", *args])
-    finally:
-        server.shutdown()
-        server.server_close()
     assert code == 0, capsys.readouterr().err[-3000:]
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     trained = [m for m in lines if "actor/kl_loss" in m]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,12 +15,13 @@ from lmrl.cli import main as cli_main
 
 
 @contextlib.contextmanager
-def retrieval_server(workspace, healthy_requests: int) -> Iterator[str]:
-    """Search-R1's server over the task's corpus that answers ``healthy_requests`` requests
-    (the first is the start-up query), then HTTP 500 to every other."""
+def retrieval_server(corpus, healthy_requests: float = math.inf, topk: int = 1) -> Iterator[str]:
+    """Search-R1's server, answering from our BM25 tool over ``corpus``, that answers
+    ``healthy_requests`` requests (the first is the start-up query), then HTTP 500 to every
+    other; yields its URL."""
     from lmrl.tools import SearchTool
 
-    tool = SearchTool(workspace / "data" / "corpus.parquet", topk=1)
+    tool = SearchTool(corpus, topk=topk)
     seen = []
 
     class Handler(BaseHTTPRequestHandler):
@@ -31,7 +33,8 @@ def retrieval_server(workspace, healthy_requests: int) -> Iterator[str]:
                 return
             hits = tool.retrieve(body["queries"])
             result = [
-                [{"document": {"contents": f"{p['title']}\n{p['text']}"}} for p in h] for h in hits
+                [{"document": {"contents": f"{p['title']}\n{p['text']}"}, "score": 1.0} for p in h]
+                for h in hits
             ]
             data = json.dumps({"result": result}).encode()
             self.send_response(200)
@@ -70,7 +73,7 @@ def train(workspace, run, url, *extra) -> int:
 def test_a_server_that_fails_after_start_up_ends_the_run_at_its_first_batch(
     search_workspace, tmp_path, capsys
 ):
-    with retrieval_server(search_workspace, healthy_requests=1) as url:
+    with retrieval_server(search_workspace / "data" / "corpus.parquet", healthy_requests=1) as url:
         code = train(search_workspace, tmp_path / "run", url)
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
@@ -80,7 +83,7 @@ def test_a_server_that_fails_after_start_up_ends_the_run_at_its_first_batch(
 
 
 def test_max_tool_error_fraction_above_one_never_stops(search_workspace, tmp_path, capsys):
-    with retrieval_server(search_workspace, healthy_requests=1) as url:
+    with retrieval_server(search_workspace / "data" / "corpus.parquet", healthy_requests=1) as url:
         code = train(
             search_workspace, tmp_path / "run", url, "trainer.logger=[console]",
             "rollout.multi_turn.max_tool_error_fraction=1.5",
@@ -93,7 +96,7 @@ def test_max_tool_error_fraction_above_one_never_stops(search_workspace, tmp_pat
 
 
 def test_a_server_down_at_start_up_is_one_line(search_workspace, tmp_path, capsys):
-    with retrieval_server(search_workspace, healthy_requests=0) as url:
+    with retrieval_server(search_workspace / "data" / "corpus.parquet", healthy_requests=0) as url:
         code = train(search_workspace, tmp_path / "run", url)
     err = capsys.readouterr().err
     assert code == 2, err[-2000:]
@@ -102,7 +105,9 @@ def test_a_server_down_at_start_up_is_one_line(search_workspace, tmp_path, capsy
 
 
 def test_the_step_line_shows_the_tool_errors(search_workspace, tmp_path, capsys):
-    with retrieval_server(search_workspace, healthy_requests=10**6) as url:
+    with retrieval_server(
+        search_workspace / "data" / "corpus.parquet", healthy_requests=10**6
+    ) as url:
         code = train(search_workspace, tmp_path / "run", url, "trainer.logger=[console]")
     out, err = capsys.readouterr()
     assert code == 0, err[-2000:]

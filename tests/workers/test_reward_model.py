@@ -82,7 +82,7 @@ def test_another_tokenizer_re_encodes_the_text(rm_dir, tokenizer):
 def test_rule_and_model_scores_add_at_the_last_response_token(rm_dir, tokenizer):
     class Rules:
         def __call__(self, batch):
-            from lmrl.rewards.managers import RewardResult
+            from lmrl.rewards.result import RewardResult
 
             scores = torch.zeros(batch["response_mask"].shape)
             scores[:, 0] = 1.0  # the test's own placement; the worker adds at the last token

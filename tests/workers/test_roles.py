@@ -198,7 +198,7 @@ def test_the_group_reward_joins_the_ranks_extras_even_when_a_rank_lacks_one():
     text with None for rank 1's rows, and ``acc`` stays numeric."""
     import numpy as np
 
-    from lmrl.rewards.managers import RewardResult, split_extras
+    from lmrl.rewards.result import RewardResult, split_extras
 
     def result(extras):
         return RewardResult(torch.zeros(2, 3), extras, {"reward/errors": 1.0})

@@ -4,8 +4,9 @@
 - ``lmrl.rewards.functions``: ``RewardFunction``, ``load_reward_fn`` (verl's per-sample and
   TRL's batched signatures);
 - ``lmrl.rewards.pool``: ``ScoringPool``, worker processes with a per-call timeout;
-- ``lmrl.rewards.managers``: ``naive``/``batch``/``dapo`` managers, ``make_reward_manager``,
-  ``RewardResult``.
+- ``lmrl.rewards.managers``: ``naive``/``batch``/``dapo`` managers, ``make_reward_manager``;
+- ``lmrl.rewards.result``: ``RewardResult``, ``split_extras`` (numeric extras to metrics,
+  text ones to the generations log).
 
 The names below are imported lazily (PEP 562), so that reward worker processes, which import
 only the scorers and the function wrappers, never pay for importing torch.
@@ -28,10 +29,10 @@ _EXPORTS = {
     "BatchRewardManager": "lmrl.rewards.managers",
     "DAPORewardManager": "lmrl.rewards.managers",
     "OverlongBuffer": "lmrl.rewards.managers",
-    "RewardResult": "lmrl.rewards.managers",
+    "RewardResult": "lmrl.rewards.result",
     "make_reward_manager": "lmrl.rewards.managers",
     "overlong_penalty": "lmrl.rewards.managers",
-    "split_extras": "lmrl.rewards.managers",
+    "split_extras": "lmrl.rewards.result",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -49,66 +49,10 @@ from lmrl.batch import Batch, last_true, response_tokens_mask
 from lmrl.errors import DataError, RewardError
 from lmrl.rewards.functions import Outcome, RewardFunction, describe
 from lmrl.rewards.pool import ScoringPool
+from lmrl.rewards.result import RewardResult, column
 from lmrl.rewards.scorers import SCORERS, BuiltinScorer
 
 log = logging.getLogger("lmrl.rewards")
-
-
-@dataclass
-class RewardResult:
-    """What a reward manager returns for a batch of ``B`` responses of width ``T``.
-
-    Attributes:
-        token_level_scores: (B, T) float32, zero except the sample's score on its last valid
-            response token (on token 0 for an empty response).
-        extras: per-sample values, each an array of length ``B``: ``score`` (the reward
-            functions' weighted sum, before any penalty), the functions' extra keys (e.g.
-            ``acc``; NaN where a sample has none; a text one such as ``pred`` is an object
-            array of str or None, see `split_extras`), ``overlong_penalty`` for ``dapo``.
-        metrics: batch-level counts: ``reward/scored`` (samples times reward functions),
-            ``reward/errors``, ``reward/timeouts``, ``reward/no_score`` (out of
-            ``reward/scored``), ``reward/worker_restarts``.
-    """
-
-    token_level_scores: torch.Tensor
-    extras: dict[str, np.ndarray]
-    metrics: dict[str, float]
-
-    @property
-    def scores(self) -> torch.Tensor:
-        """(B,) the final score of each sample (the row sums of ``token_level_scores``)."""
-        return self.token_level_scores.sum(dim=-1)
-
-
-def split_extras(
-    extras: Mapping[str, Sequence[Any]],
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """A reward's extras (`RewardResult.extras`) as ``(numeric, text)``, each column of
-    length ``B``.
-
-    A column is text when any of its values is a string (verl's ``math_dapo`` returns
-    ``{"score": 1.0, "acc": True, "pred": "\\frac12"}``: ``acc`` is numeric, ``pred`` text).
-    Numbers (bools too) become metrics, text goes to the generations log.
-
-    Returns:
-        ``numeric``: float64 (B,) arrays, NaN where a sample has no value;
-        ``text``: object (B,) arrays of ``str`` or None.
-    """
-    numeric: dict[str, np.ndarray] = {}
-    text: dict[str, np.ndarray] = {}
-    for key, column in extras.items():
-        values = np.asarray(column)
-        if values.dtype != object:
-            numeric[key] = values.astype(np.float64)
-        elif any(isinstance(v, str | bytes) for v in values):
-            out = np.empty(len(values), dtype=object)
-            out[:] = [None if v is None else str(v) for v in values]
-            text[key] = out
-        else:
-            numeric[key] = np.array(
-                [np.nan if v is None else float(v) for v in values], dtype=np.float64
-            )
-    return numeric, text
 
 
 REWARD_MANAGERS: Registry[Callable[..., RewardManager]] = Registry("reward manager")
@@ -131,15 +75,6 @@ def _as_reward_functions(
     if len(set(names)) != len(names):
         raise ValueError(f"reward function names must be distinct, got {names}")
     return fns
-
-
-def _column(values: list[Any]) -> np.ndarray:
-    """A float array when every value is a number or None (None -> NaN), else an object array."""
-    if all(v is None or isinstance(v, float) for v in values):
-        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
 
 
 @REWARD_MANAGERS.register("naive")
@@ -430,7 +365,7 @@ class RewardManager:
                     raw.setdefault(prefix + key, [None] * n)[i] = value
             self._check_failures(rf, row, failed, data_sources)
         self.calls += 1
-        extras = {key: _column(values) for key, values in raw.items()}
+        extras = {key: column(values) for key, values in raw.items()}
         extras["score"] = scores.copy()
         restarts = (self._pool.restarts if self._pool is not None else 0) - restarts_before
         metrics = {

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from lmrl.batch import Batch
-from lmrl.rewards.managers import split_extras
+from lmrl.rewards.result import split_extras
 from lmrl.rollout.merge import concat_rollouts
 from lmrl.trainer.metrics import StageTimer
 from lmrl.trainer.validation import validation_metrics

@@ -48,7 +48,7 @@ from lmrl.workers.critic import UPDATE_KEYS as CRITIC_KEYS
 from lmrl.workers.dist import DDP, partition_rows
 
 if TYPE_CHECKING:
-    from lmrl.rewards.managers import RewardResult
+    from lmrl.rewards.result import RewardResult
 
 log = logging.getLogger("lmrl.workers")
 
@@ -572,7 +572,7 @@ class GroupReward:
         self.group = group
 
     def __call__(self, batch: Batch) -> RewardResult:
-        from lmrl.rewards.managers import RewardResult
+        from lmrl.rewards.result import RewardResult
 
         chunks = batch.chunk(self.group.world_size)
         results = [

@@ -19,7 +19,7 @@ from lmrl.batch import Batch, last_true
 from lmrl.config import Config, ConfigError
 from lmrl.models.reward_model import RewardModel
 from lmrl.rewards import load_reward_fn, make_reward_manager
-from lmrl.rewards.managers import RewardResult
+from lmrl.rewards.result import RewardResult
 from lmrl.rewards.scorers import scorer_option_errors
 
 __all__ = ["RewardWorker", "build_reward"]

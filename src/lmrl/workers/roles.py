@@ -19,7 +19,7 @@ import torch
 from lmrl.batch import Batch
 
 if TYPE_CHECKING:
-    from lmrl.rewards.managers import RewardResult
+    from lmrl.rewards.result import RewardResult
     from lmrl.rollout.base import SamplingParams
 
 __all__ = [

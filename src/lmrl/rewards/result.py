@@ -1,0 +1,80 @@
+"""What a reward manager returns (`RewardResult`) and how its per-sample extras are read:
+numeric columns become metrics, text ones (verl's ``pred``) go to the generations log
+(`split_extras`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["RewardResult", "column", "split_extras"]
+
+
+@dataclass
+class RewardResult:
+    """What a reward manager returns for a batch of ``B`` responses of width ``T``.
+
+    Attributes:
+        token_level_scores: (B, T) float32, zero except the sample's score on its last valid
+            response token (on token 0 for an empty response).
+        extras: per-sample values, each an array of length ``B``: ``score`` (the reward
+            functions' weighted sum, before any penalty), the functions' extra keys (e.g.
+            ``acc``; NaN where a sample has none; a text one such as ``pred`` is an object
+            array of str or None, see `split_extras`), ``overlong_penalty`` for ``dapo``.
+        metrics: batch-level counts: ``reward/scored`` (samples times reward functions),
+            ``reward/errors``, ``reward/timeouts``, ``reward/no_score`` (out of
+            ``reward/scored``), ``reward/worker_restarts``.
+    """
+
+    token_level_scores: torch.Tensor
+    extras: dict[str, np.ndarray]
+    metrics: dict[str, float]
+
+    @property
+    def scores(self) -> torch.Tensor:
+        """(B,) the final score of each sample (the row sums of ``token_level_scores``)."""
+        return self.token_level_scores.sum(dim=-1)
+
+
+def split_extras(
+    extras: Mapping[str, Sequence[Any]],
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A reward's extras (`RewardResult.extras`) as ``(numeric, text)``, each column of
+    length ``B``.
+
+    A column is text when any of its values is a string (verl's ``math_dapo`` returns
+    ``{"score": 1.0, "acc": True, "pred": "\\frac12"}``: ``acc`` is numeric, ``pred`` text).
+    Numbers (bools too) become metrics, text goes to the generations log.
+
+    Returns:
+        ``numeric``: float64 (B,) arrays, NaN where a sample has no value;
+        ``text``: object (B,) arrays of ``str`` or None.
+    """
+    numeric: dict[str, np.ndarray] = {}
+    text: dict[str, np.ndarray] = {}
+    for key, column in extras.items():
+        values = np.asarray(column)
+        if values.dtype != object:
+            numeric[key] = values.astype(np.float64)
+        elif any(isinstance(v, str | bytes) for v in values):
+            out = np.empty(len(values), dtype=object)
+            out[:] = [None if v is None else str(v) for v in values]
+            text[key] = out
+        else:
+            numeric[key] = np.array(
+                [np.nan if v is None else float(v) for v in values], dtype=np.float64
+            )
+    return numeric, text
+
+
+def column(values: list[Any]) -> np.ndarray:
+    """A float array when every value is a number or None (None -> NaN), else an object array."""
+    if all(v is None or isinstance(v, float) for v in values):
+        return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
