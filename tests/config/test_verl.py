@@ -249,6 +249,7 @@ TRANSLATIONS = [
     ("trainer.resume_from_path", "/runs/a/step_10", "trainer.resume_mode", "/runs/a/step_10"),
     ("trainer.max_actor_ckpt_to_keep", "2", "trainer.max_ckpt_to_keep", 2),
     ("trainer.device", "cuda", "trainer.device", "cuda"),
+    ("actor_rollout_ref.rollout.ignore_eos", "True", "rollout.ignore_eos", True),
 ]
 
 

@@ -77,6 +77,18 @@ def test_masks_end_at_first_eos(model, tokenizer, encode, logit_bias):
     assert ended_early > 0
 
 
+def test_ignore_eos_runs_every_sample_to_max_new_tokens(model, tokenizer, encode, logit_bias):
+    bias = torch.zeros(model.config.vocab_size)
+    bias[EOS] = 4.5  # EOS about one step in four: without ignore_eos samples end early
+    with logit_bias(model, bias):
+        out = HFEngine(model, tokenizer).generate(
+            encode(TEXTS), n=4, sampling=SamplingParams(max_new_tokens=10, seed=1, ignore_eos=True)
+        )
+    assert out["responses"].shape == (12, 10) and out["response_mask"].all()
+    assert (out["responses"] == EOS).any()  # EOS was sampled and kept as a token
+    assert (out["rollout_log_probs"] < 0).all()
+
+
 def test_max_new_tokens_cuts_without_eos(model, tokenizer, encode):
     out = HFEngine(model, tokenizer, eos_token_ids=[10_000]).generate(
         encode(TEXTS), sampling=SamplingParams(max_new_tokens=3, seed=0)

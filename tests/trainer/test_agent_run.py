@@ -152,6 +152,7 @@ def test_a_multi_turn_run_killed_mid_step_resumes_bitwise_exact(
         (["rollout.multi_turn.max_turns=-1"], "max_turns=-1"),
         (["rollout.multi_turn.format=xml"], "rollout.multi_turn.format"),
         (["algorithm.no_think_rl=true"], "no-think ablation"),
+        (["rollout.ignore_eos=true"], "rollout.ignore_eos=true with rollout.multi_turn"),
     ],
 )
 def test_bad_tool_settings_are_one_line_errors(search_workspace, tmp_path, capsys, extra, message):

@@ -316,6 +316,11 @@ def _multi_turn(c: Config, f: Findings) -> None:
     mt = c.rollout.multi_turn
     if not mt.enable:
         return
+    if c.rollout.ignore_eos:
+        f.errors.append(
+            "rollout.ignore_eos=true with rollout.multi_turn.enable=true: a turn ends at its EOS "
+            "(a benchmark setting for single-turn generation)"
+        )
     if mt.max_turns < 0:
         f.errors.append(f"rollout.multi_turn.max_turns={mt.max_turns} must be >= 0")
     if mt.max_obs_length is not None and mt.max_obs_length < 1:

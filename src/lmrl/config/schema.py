@@ -242,6 +242,11 @@ class RolloutConfig:
     top_k: int = opt(-1, "Top-k sampling; -1 or 0 = off.")
     do_sample: bool = opt(True, "Sample (true) or decode greedily (false).")
     stop: list[str] = opt([], "Strings that end a response once generated.")
+    ignore_eos: bool = opt(
+        False,
+        "An EOS token does not end a response: every response runs to "
+        "data.max_response_length or a stop string (benchmarks; verl's rollout.ignore_eos).",
+    )
     log_prob_micro_batch_size: int | None = opt(
         None,
         "Sequences per forward pass when recomputing old log-probs; null = all at once.",

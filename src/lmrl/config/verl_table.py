@@ -236,7 +236,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("rollout.agent.*", None, "verl's agent loop"),
     Rule("rollout.skip_dump_dir", None, "verl's rollout dump"),
     Rule("rollout.skip_rollout", None, _UNSUPPORTED, only=(False,)),
-    Rule("rollout.ignore_eos", None, _UNSUPPORTED, only=(False,)),
+    Rule("rollout.ignore_eos", "rollout.ignore_eos"),
     Rule("rollout.over_sample_rate", None, _UNSUPPORTED, only=(0, 0.0)),
     Rule("rollout.multi_turn.enable", "rollout.multi_turn.enable"),
     Rule("rollout.multi_turn.max_assistant_turns", "rollout.multi_turn.max_turns"),

@@ -68,6 +68,9 @@ class SamplingParams:
             sample ``j`` of the ``i``-th prompt of the batch are a function of (seed, i, j,
             step) alone; None draws a fresh seed from the engine's own generator, which moves
             on from call to call.
+        ignore_eos: an EOS id does not end a sample (it is kept as a token); samples end at
+            ``max_new_tokens`` or a stop string. verl's ``rollout.ignore_eos``, for benchmarks
+            that must generate exactly ``max_new_tokens``.
     """
 
     temperature: float = 1.0
@@ -77,6 +80,7 @@ class SamplingParams:
     do_sample: bool = True
     stop: list[str] | tuple[str, ...] = field(default_factory=list)
     seed: int | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float):

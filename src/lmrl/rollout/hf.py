@@ -259,7 +259,8 @@ class HFEngine(RolloutEngine):
         response_mask = torch.zeros(rows, max_new, dtype=torch.bool, device=device)
         log_probs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
-        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=device)
+        eos = torch.tensor([] if sampling.ignore_eos else self.eos_ids, dtype=torch.long)
+        eos = eos.to(device)
         stop_width = max((len(s) for s in sampling.stop), default=0) + 1
 
         cache = DynamicCache(config=self.model.config)

@@ -260,7 +260,8 @@ class VLLMEngine(RolloutEngine):
                     top_p=float(sampling.top_p) if sampling.do_sample else 1.0,
                     top_k=int(sampling.top_k) if sampling.do_sample and sampling.top_k > 0 else 0,
                     max_tokens=sampling.max_new_tokens,
-                    stop_token_ids=list(self.eos_ids),
+                    stop_token_ids=[] if sampling.ignore_eos else list(self.eos_ids),
+                    ignore_eos=sampling.ignore_eos,
                     stop=list(sampling.stop) or None,
                     include_stop_str_in_output=True,
                     logprobs=0,
@@ -273,7 +274,7 @@ class VLLMEngine(RolloutEngine):
             self._sync_if_changed()
             outputs = self.llm.generate(requests, params, use_tqdm=False) if requests else []
         samples = [
-            self._cut(list(c.token_ids), c.logprobs, sampling.stop)
+            self._cut(list(c.token_ids), c.logprobs, sampling.stop, sampling.ignore_eos)
             for out in outputs
             for c in sorted(out.outputs, key=lambda c: c.index)
         ]
@@ -294,13 +295,15 @@ class VLLMEngine(RolloutEngine):
             temperature,
         )  # fmt: skip
 
-    def _cut(self, ids: list[int], logprobs, stop: list[str]) -> tuple[list[int], list[float]]:
-        """The sample's tokens up to and including its first EOS or stop-string-completing
-        token (as the ``hf`` engine marks them), with their log-probs."""
+    def _cut(
+        self, ids: list[int], logprobs, stop: list[str], ignore_eos: bool = False
+    ) -> tuple[list[int], list[float]]:
+        """The sample's tokens up to and including its first EOS (unless ``ignore_eos``) or
+        stop-string-completing token (as the ``hf`` engine marks them), with their log-probs."""
         lps = [float(step[token].logprob) for step, token in zip(logprobs or [], ids, strict=False)]
         end = len(ids)
         for t, token in enumerate(ids):
-            if token in self.eos_ids:
+            if token in self.eos_ids and not ignore_eos:
                 end = t + 1
                 break
         if stop:

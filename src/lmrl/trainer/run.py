@@ -128,6 +128,7 @@ class StepPlan:
                 max_new_tokens=length,
                 do_sample=r.do_sample,
                 stop=stop,
+                ignore_eos=r.ignore_eos,
             ),
             greedy=SamplingParams(
                 do_sample=False, max_new_tokens=length, temperature=r.temperature, stop=stop
