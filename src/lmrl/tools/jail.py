@@ -19,6 +19,11 @@ namespaces and forks the new PID namespace's init, which
 - waits for it and writes ``code N CPU_S`` or ``signal S CPU_S`` to ``status_fd``;
   when init exits, the kernel kills whatever else is left in the namespace.
 
+With ``"bwrap": true`` bubblewrap (`lmrl.tools.bwrap`) has built all of the above but the drop
+and started this launcher as its PID namespace's init: as root it gives ``/sandbox`` to 65534
+and drops to it (bwrap left it only ``CAP_SETUID``, ``CAP_SETGID``, ``CAP_CHOWN``), then forks
+the code's process and reports as above.
+
 With ``"jail": false`` (the kernel refuses namespaces) it only forks, runs the runner in the
 host's working directory and reports the same status. A failure to build the jail is
 written as ``error WHY``.
@@ -273,11 +278,33 @@ def _error(status_fd: int, err: BaseException) -> int:
     return 1
 
 
+def _drop() -> None:
+    """As root: no groups, uid/gid 65534 (which clears every capability)."""
+    os.setgroups([])
+    os.setgid(UID)
+    os.setuid(UID)
+
+
+def _in_bwrap(settings: dict, status_fd: int) -> int:
+    """Init of bubblewrap's PID namespace, on the root bwrap built: drop, run the code."""
+    try:
+        libc = _Libc()
+        if _root():
+            os.chown(SANDBOX, UID, UID)
+            _drop()
+        libc.prctl(_PR_SET_PDEATHSIG, 9)  # bwrap's --die-with-parent; a change of uid clears it
+        return _run_code(settings, status_fd, SANDBOX, libc)
+    except OSError as err:
+        return _error(status_fd, err)
+
+
 def main(settings: dict) -> int:
     """The launcher: see the module docstring. ``settings``: `encode`'s dict, from argv[1]."""
     status_fd = int(settings["status_fd"])
     os.set_inheritable(status_fd, False)  # never reaches the code
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if settings.get("bwrap"):
+        return _in_bwrap(settings, status_fd)
     if not settings["jail"]:
         return _run_code(settings, status_fd, settings["cwd"], None)
     try:
@@ -291,9 +318,7 @@ def main(settings: dict) -> int:
             libc.prctl(_PR_SET_PDEATHSIG, 9)
             _build_root(libc, settings)
             if _root():
-                os.setgroups([])
-                os.setgid(UID)
-                os.setuid(UID)
+                _drop()
                 libc.prctl(_PR_SET_PDEATHSIG, 9)  # a change of uid clears it
             code = _run_code(settings, status_fd, SANDBOX, libc)
         except OSError as err:

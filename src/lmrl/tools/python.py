@@ -1,7 +1,9 @@
 """The ``python`` tool: run the policy's code in a sandbox that the kernel holds shut.
 
 Each call is a fresh ``python -I`` process (no user site, no ``PYTHONPATH``) started by the
-launcher of `lmrl.tools.jail` (a process of its own: no ctypes, no namespaces in the trainer):
+launcher of `lmrl.tools.jail` (a process of its own: no ctypes, no namespaces in the trainer),
+inside bubblewrap's jail (`lmrl.tools.bwrap`) when ``bwrap`` is installed and works, else in
+namespaces the launcher makes itself (``LMRL_SANDBOX``: ``auto``, ``bwrap`` or ``namespaces``):
 
 - in new PID, mount, network, IPC and UTS namespaces, as uid/gid 65534 without capabilities
   (its own uid in a user namespace when the trainer is not root), with no-new-privs;
@@ -16,10 +18,10 @@ launcher of `lmrl.tools.jail` (a process of its own: no ctypes, no namespaces in
 - killed with its process group at a wall-clock timeout; when the code ends the kernel kills
   whatever is left in its PID namespace.
 
-Where the kernel refuses namespaces (`isolation`, tried once) the tool falls back to the
+Where the kernel refuses namespaces (`find_jail`, tried once) the tool falls back to the
 rlimits, seccomp, the audit hook and a network namespace, and says so: one line when the tool
-is built names the isolation in force (``python sandbox: kernel namespaces (...)`` or
-``python sandbox: WEAK (...)``).
+is built names the isolation in force (``python sandbox: bubblewrap 0.8.0 (...)``,
+``python sandbox: kernel namespaces (...)`` or ``python sandbox: WEAK (...)``).
 
 Its stdout, then its stderr, truncated to ``max_output_chars``, is the observation; a
 failure is an ``Error: ...`` observation naming it (an exception, its CPU limit, the wall
@@ -43,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from lmrl.tools import jail
+from lmrl.tools import bwrap, jail
 from lmrl.tools.base import Tool, ToolError
 from lmrl.tools.jail import RUNNER, SANDBOX, encode, parse_status
 
@@ -55,24 +57,59 @@ log = logging.getLogger("lmrl.tools")
 interpreter_paths = functools.cache(jail.interpreter_paths)  # one subprocess per interpreter
 
 
-@functools.cache
-def isolation(python: str) -> tuple[bool, str]:
-    """Whether this machine can jail ``python`` in kernel namespaces, and why not if not.
+ISOLATIONS = ("auto", "bwrap", "namespaces")
 
-    Tried once per interpreter by running ``print(1)`` in the jail.
+
+def candidates(choice: str) -> list[str]:
+    """The jails to try for ``LMRL_SANDBOX=choice``, best first: ``auto`` prefers bubblewrap
+    when ``bwrap`` is on ``PATH``."""
+    if choice not in ISOLATIONS:
+        raise ValueError(
+            f"python tool: LMRL_SANDBOX (isolation) must be one of {', '.join(ISOLATIONS)}, "
+            f"got {choice!r}"
+        )
+    if choice == "auto":
+        return (["bwrap"] if bwrap.which() else []) + ["namespaces"]
+    return [choice]
+
+
+@functools.cache
+def find_jail(python: str, choice: str = "auto") -> tuple[str, str]:
+    """The jail this machine can hold ``python``'s code in: ``("bwrap", notes)`` or
+    ``("namespaces", notes)``, ``notes`` saying why a better one was passed over; or
+    ``("", why)`` when none works (the WEAK fallback).
+
+    Each of `candidates` is tried once per interpreter by running ``print(1)`` in it.
     """
     try:
         binds = interpreter_paths(python)
     except (OSError, subprocess.SubprocessError, ValueError) as err:
-        return False, f"cannot inspect {python}: {err}"
-    probe = PythonTool(python=python, _jail=(True, binds))
+        return "", f"cannot inspect {python}: {err}"
+    refused = []
+    for backend in candidates(choice):
+        why = _probe(python, backend, binds)
+        if not why:
+            return backend, "; ".join(refused)
+        refused.append(why)
+    return "", "; ".join(refused)
+
+
+def _probe(python: str, backend: str, binds: list[str]) -> str:
+    """Why ``backend`` cannot jail ``python``; empty when ``print(1)`` runs in it."""
+    if backend == "bwrap":
+        path = bwrap.which()
+        if path is None:
+            return "bwrap is not on PATH"
+        why = bwrap.version(path)[1]
+        if why:
+            return why
     try:
-        out = probe.run("print(1)")
+        out = PythonTool(python=python, _jail=(backend, binds)).run("print(1)")
     except ToolError as err:
-        return False, str(err)
+        return f"bwrap: {err}" if backend == "bwrap" else str(err)
     if out.strip() != "1":
-        return False, f"the jail's probe printed {out[:80]!r}"
-    return True, ""
+        return f"the {backend} jail's probe printed {out[:80]!r}"
+    return ""
 
 
 class PythonTool(Tool):
@@ -86,6 +123,9 @@ class PythonTool(Tool):
         disk_mb: size of its working directory's tmpfs, MiB (the total it may write).
         max_output_chars: stdout/stderr kept in the observation.
         python: the interpreter; default this one.
+        isolation: ``auto`` (bubblewrap when ``bwrap`` is installed and works, else kernel
+            namespaces, else WEAK), ``bwrap`` (an error without it) or ``namespaces``;
+            default the environment's ``LMRL_SANDBOX``, else ``auto``.
     """
 
     name = "python"
@@ -105,7 +145,8 @@ class PythonTool(Tool):
         disk_mb: int = 64,
         max_output_chars: int = 2000,
         python: str | None = None,
-        _jail: tuple[bool, list[str]] | None = None,
+        isolation: str | None = None,
+        _jail: tuple[str, list[str]] | None = None,
     ) -> None:
         for key, value in (
             ("timeout_s", timeout_s),
@@ -121,12 +162,20 @@ class PythonTool(Tool):
         self.memory_mb, self.max_file_mb = int(memory_mb), int(max_file_mb)
         self.disk_mb, self.max_output_chars = int(disk_mb), int(max_output_chars)
         self.python = python or sys.executable
-        if _jail is not None:  # the probe of `isolation`
-            self.jailed, self._binds = _jail
-            return
-        self.jailed, why = isolation(self.python)
-        self._binds = interpreter_paths(self.python) if self.jailed else []
-        (log.info if self.jailed else log.warning)("python sandbox: %s", self.describe(why))
+        if _jail is not None:  # the probe of `find_jail`
+            self.backend, self._binds = _jail
+        else:
+            choice = isolation or os.environ.get("LMRL_SANDBOX") or "auto"
+            self.backend, why = find_jail(self.python, choice)
+            if choice == "bwrap" and self.backend != "bwrap":
+                raise ValueError(f"python tool: LMRL_SANDBOX=bwrap, but {why}")
+            self._binds = interpreter_paths(self.python) if self.backend else []
+        self.jailed = bool(self.backend)
+        self._bwrap = []  # bubblewrap's argv, the launcher's command line to follow
+        if self.backend == "bwrap":
+            self._bwrap = bwrap.command(bwrap.which() or "bwrap", _JAIL, self._binds, disk_mb)
+        if _jail is None:
+            (log.info if self.jailed else log.warning)("python sandbox: %s", self.describe(why))
 
     def describe(self, why: str = "") -> str:
         """One line: which isolation is active (logged when the tool is built)."""
@@ -137,9 +186,14 @@ class PythonTool(Tool):
         seccomp = "seccomp" if os.uname().machine == "x86_64" else "no seccomp (not x86_64)"
         if self.jailed:
             who = "uid 65534" if os.geteuid() == 0 else f"uid {os.geteuid()} (user namespace)"
+            jail = "kernel namespaces (pid, mount, net, ipc, uts)"
+            if self.backend == "bwrap":
+                version = bwrap.version(self._bwrap[0])[0]
+                jail = f"bubblewrap {version} (pid, mount, net, ipc, uts, cgroup namespaces)"
+            passed = f" [passed over: {why}]" if why else ""
             return (
-                f"kernel namespaces (pid, mount, net, ipc, uts), {who}, {seccomp}, read-only "
-                f"stdlib, {self.disk_mb} MiB tmpfs; {limits}"
+                f"{jail}, {who}, {seccomp}, read-only stdlib, {self.disk_mb} MiB tmpfs; "
+                f"{limits}{passed}"
             )
         return (
             f"WEAK (kernel namespaces refused: {why}): rlimits, {seccomp}, an audit hook, "
@@ -204,6 +258,7 @@ class PythonTool(Tool):
         ):
             settings = {
                 "jail": self.jailed,
+                "bwrap": self.backend == "bwrap",
                 "argv": [str(a) for a in argv],
                 "env": env,
                 "cwd": str(work),
@@ -212,8 +267,9 @@ class PythonTool(Tool):
                 "disk_mb": self.disk_mb,
                 "status_fd": status.fileno(),
             }
+            launcher = bwrap.INSIDE if self._bwrap else _JAIL
             process = subprocess.Popen(
-                [self.python, "-I", "-S", _JAIL, encode(settings)],
+                [*self._bwrap, self.python, "-I", "-S", launcher, encode(settings)],
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=err,
