@@ -239,3 +239,59 @@ def test_no_fp32_rows_by_vocab_tensor_in_forward_or_backward(fn):
     # One chunk of fp32 logits, or the (V, H) fp32 weight gradient, whichever is larger.
     assert mode.largest == max(chunk * vocab, vocab * width if fn == "hidden" else 0)
     assert logits.grad is None or logits.grad.dtype == torch.bfloat16
+
+
+def test_under_autocast_the_fused_head_computes_as_the_lm_head_does():
+    """Mixed precision: fp32 master weights under bf16 autocast. The fused head's matmuls run
+    in bf16 (as ``lm_head`` under autocast would), the log-probs in fp32, and the gradients come
+    back in the masters' dtype, equal to autograd through the autocast head."""
+    from lmrl.algos.logprob import head_dtype
+
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 5, 16, requires_grad=True)
+    weight = torch.randn(40, 16, requires_grad=True)
+    labels = torch.randint(0, 40, (2, 5))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert head_dtype(hidden, weight) == torch.bfloat16
+        logp, _ = log_probs_from_hidden(hidden, weight, None, labels, chunk_size=3)
+        logits = hidden @ weight.t()  # autocast: bf16
+    assert logits.dtype == torch.bfloat16 and logp.dtype == torch.float32
+    naive = torch.log_softmax(logits.float(), -1).gather(-1, labels[..., None])[..., 0]
+    torch.testing.assert_close(logp, naive, rtol=0, atol=1e-6)  # the same bf16 logits
+    (g_h, g_w) = torch.autograd.grad(logp.sum(), (hidden, weight))
+    (n_h, n_w) = torch.autograd.grad(naive.sum(), (hidden, weight))
+    assert g_w.dtype == torch.float32 and g_h.dtype == torch.float32
+    # bf16 matmuls on both sides; ours accumulates the chunks' weight gradient in fp32
+    torch.testing.assert_close(g_h, n_h, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(g_w, n_w, rtol=2e-2, atol=2e-2)
+    assert head_dtype(hidden, weight) == torch.float32  # autocast off: the dtypes' promotion
+
+
+def test_a_gpu_chunk_is_larger_than_a_cpu_chunk():
+    from lmrl.algos.logprob import _rows_per_chunk, chunk_elements
+
+    assert chunk_elements("cuda") == 4 * chunk_elements("cpu") == 2**26
+    assert _rows_per_chunk(151_936, None, torch.device("cuda")) == 441
+    assert _rows_per_chunk(151_936, None, torch.device("cpu")) == 110
+    assert _rows_per_chunk(151_936, 7, torch.device("cuda")) == 7
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_bf16_fused_head_on_cuda_accumulates_in_fp32():
+    """On CUDA a bf16 head multiplies on the tensor cores with fp32 outputs: the log-probs and
+    gradients match an fp32 computation from the same bf16 values closely, the weight
+    gradient summed over many chunks in fp32."""
+    torch.manual_seed(0)
+    hidden = torch.randn(4096, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    weight = (0.05 * torch.randn(32000, 256, device="cuda")).bfloat16().requires_grad_()
+    labels = torch.randint(0, 32000, (4096,), device="cuda")
+    logp, _ = log_probs_from_hidden(hidden, weight, None, labels, chunk_size=256)
+    g_h, g_w = torch.autograd.grad(logp.sum(), (hidden, weight))
+    h32, w32 = hidden.detach().float().requires_grad_(), weight.detach().float().requires_grad_()
+    ref = torch.log_softmax(h32 @ w32.t(), -1).gather(-1, labels[:, None])[:, 0]
+    r_h, r_w = torch.autograd.grad(ref.sum(), (h32, w32))
+    assert logp.dtype == torch.float32 and g_w.dtype == torch.bfloat16
+    torch.testing.assert_close(logp, ref, rtol=0, atol=2e-3)
+    torch.testing.assert_close(g_h.float(), r_h, rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(g_w.float(), r_w, rtol=2e-2, atol=2e-3)

@@ -1,6 +1,6 @@
 """``lmrl train`` and ``lmrl sft`` on a GPU (skipped without CUDA): the same samples, tool
 calls, losses and update as on the CPU, a checkpoint that a CPU run resumes, and bfloat16
-training (``model.dtype=auto``).
+training (the default bf16 compute over fp32 masters, and pure bf16).
 
 The rollout's sampling is counter-based (``lmrl.rollout.hf.Draws``), a function of the seed
 and the row alone, so a float32 run on CUDA draws the CPU run's tokens: the rewards match
@@ -78,7 +78,7 @@ def _trainer(root, run, tiny_overrides, device: str, *extra: str) -> Trainer:
 def test_a_run_on_a_gpu_samples_and_trains_as_on_the_cpu(
     tiny_workspace, tiny_overrides, tmp_path, recipe
 ):
-    extra = ("model.dtype=float32", *RECIPES[recipe])
+    extra = ("model.dtype=float32", "model.mixed_precision.param_dtype=float32", *RECIPES[recipe])
     deltas, histories = {}, {}
     for device in ("cpu", "cuda"):
         run = tmp_path / f"run{len(deltas)}"
@@ -107,10 +107,17 @@ def test_a_run_on_a_gpu_samples_and_trains_as_on_the_cpu(
 
 def test_a_gpu_checkpoint_resumes_on_the_cpu(tiny_workspace, tiny_overrides, tmp_path):
     run = tmp_path / "run"
-    gpu = _trainer(tiny_workspace, run, tiny_overrides, "cuda", "model.dtype=float32")
+    gpu = _trainer(
+        tiny_workspace,
+        run,
+        tiny_overrides,
+        "cuda",
+        "model.dtype=float32",
+        "model.mixed_precision.param_dtype=float32",
+    )
     gpu.fit()
     saved = load_file(run / "global_step_2" / "actor.safetensors")
-    cpu = _trainer(tiny_workspace, run, tiny_overrides, "cpu", "model.dtype=float32",
+    cpu = _trainer(tiny_workspace, run, tiny_overrides, "cpu", "model.dtype=float32", "model.mixed_precision.param_dtype=float32",
                    "trainer.total_training_steps=3")  # fmt: skip
     assert cpu.global_step == 2
     for name, value in cpu.parts.actor.model.state_dict().items():
@@ -120,12 +127,18 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu(tiny_workspace, tiny_overrides, tmp
     assert len(cpu.fit()) == 1 and (run / "global_step_3").is_dir()
 
 
-def test_auto_dtype_on_a_gpu_trains_in_bfloat16(tiny_workspace, tiny_overrides, tmp_path):
-    trainer = _trainer(
-        tiny_workspace, tmp_path / "bf16", tiny_overrides, "cuda", "model.dtype=auto"
-    )
+@pytest.mark.parametrize(
+    ("overrides", "master"),
+    [
+        (("model.dtype=auto",), torch.float32),  # the default: bf16 compute over fp32 masters
+        (("model.dtype=bfloat16", "model.mixed_precision.param_dtype=bfloat16"), torch.bfloat16),
+    ],
+    ids=["mixed", "pure-bf16"],
+)
+def test_bf16_on_a_gpu_trains(tiny_workspace, tiny_overrides, tmp_path, overrides, master):
+    trainer = _trainer(tiny_workspace, tmp_path / "bf16", tiny_overrides, "cuda", *overrides)
     params = list(trainer.parts.actor.model.parameters())
-    assert {p.dtype for p in params} == {torch.bfloat16} and params[0].is_cuda
+    assert {p.dtype for p in params} == {master} and params[0].is_cuda
     before = trainable_state(trainer)
     history = trainer.fit()
     after = trainable_state(trainer)
@@ -148,7 +161,7 @@ def test_sft_on_a_gpu_trains_as_on_the_cpu(tiny_workspace, tmp_path):
     losses, moves = [], []
     for device in ("cpu", "cuda"):
         cfg = load_sft_config(None, [
-            f"model.path={tiny_workspace / 'model'}", "model.dtype=float32",
+            f"model.path={tiny_workspace / 'model'}", "model.dtype=float32", "model.mixed_precision.param_dtype=float32",
             f"data.train_files={tiny_workspace / 'data' / 'train.parquet'}",
             "data.response_from_ground_truth=true", "data.train_batch_size=8",
             "optim.lr=3e-3", "trainer.total_training_steps=4", f"trainer.device={device}",
@@ -171,7 +184,7 @@ def test_a_multi_turn_run_with_the_search_tool_on_a_gpu(search_workspace, tmp_pa
     histories = []
     for device in ("cpu", "cuda"):
         cfg = load_config(None, [
-            f"model.path={root / 'model'}", "model.dtype=float32",
+            f"model.path={root / 'model'}", "model.dtype=float32", "model.mixed_precision.param_dtype=float32",
             f"data.train_files={root / 'data' / 'train.parquet'}",
             "data.max_prompt_length=64", "data.max_response_length=96",
             "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=2",

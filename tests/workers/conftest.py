@@ -131,10 +131,13 @@ def grads_close():
 
 @pytest.fixture
 def step_grads(monkeypatch):
-    """``steps = step_grads(module)``: every optimizer step of ``module``'s workers appends
-    ``{name: grad}`` of the parameters it is about to step (before clipping)."""
+    """``steps = step_grads(module)``: every optimizer step of a worker appends ``{name: grad}``
+    of the parameters it is about to step (before clipping). Every ``TrainableWorker`` steps
+    through ``lmrl.workers.optim``'s ``clip_and_step``; ``module`` names the worker's."""
 
     def install(module) -> list[dict[str, torch.Tensor]]:
+        import lmrl.workers.optim as module  # where the actor, critic and SFT step
+
         steps: list[dict[str, torch.Tensor]] = []
         real = module.clip_and_step
 

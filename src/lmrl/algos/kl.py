@@ -25,12 +25,12 @@ import torch
 
 from lmrl.algos.checks import as_bool_mask, check_2d, check_same_shape
 from lmrl.algos.logprob import (
-    _acc,
     _check_temperature,
     _chunk_logits,
     _head_backward,
     _rows_per_chunk,
     full_kl_from_logits,
+    head_dtype,
 )
 from lmrl.algos.masked import masked_mean
 from lmrl.algos.registry import Registry
@@ -115,21 +115,24 @@ class _FullKLFromHidden(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, ref_hidden, ref_weight, ref_bias, temperature, rows):
-        n, acc = hidden.shape[0], _acc(hidden)
+        n, dtype = hidden.shape[0], head_dtype(hidden, weight)
+        acc = torch.promote_types(dtype, torch.float32)
         lse, ref_lse, kl = (hidden.new_empty(n, dtype=acc) for _ in range(3))
-        for i in range(0, n, rows):
-            j = min(i + rows, n)
-            log_p = _chunk_logits(hidden[i:j], weight, bias, temperature)  # (c, V) fp32
-            log_q = _chunk_logits(ref_hidden[i:j], ref_weight, ref_bias, temperature)
-            lse[i:j] = torch.logsumexp(log_p, dim=-1)
-            ref_lse[i:j] = torch.logsumexp(log_q, dim=-1)
-            log_p.sub_(lse[i:j, None])
-            log_q.sub_(ref_lse[i:j, None]).neg_().add_(log_p)  # log p - log q
-            # sum_v p (log p - log q) as a batched dot: no third (c, V) tensor
-            kl[i:j] = torch.bmm(log_p.exp_().unsqueeze(1), log_q.unsqueeze(2)).view(-1)
+        w, ref_w = weight.to(dtype), ref_weight.to(dtype)
+        with torch.autocast(hidden.device.type, enabled=False):
+            for i in range(0, n, rows):
+                j = min(i + rows, n)
+                log_p = _chunk_logits(hidden[i:j], w, bias, temperature, dtype)  # (c, V) fp32
+                log_q = _chunk_logits(ref_hidden[i:j], ref_w, ref_bias, temperature, dtype)
+                lse[i:j] = torch.logsumexp(log_p, dim=-1)
+                ref_lse[i:j] = torch.logsumexp(log_q, dim=-1)
+                log_p.sub_(lse[i:j, None])
+                log_q.sub_(ref_lse[i:j, None]).neg_().add_(log_p)  # log p - log q
+                # sum_v p (log p - log q) as a batched dot: no third (c, V) tensor
+                kl[i:j] = torch.bmm(log_p.exp_().unsqueeze(1), log_q.unsqueeze(2)).view(-1)
         ctx.save_for_backward(hidden, weight, bias, ref_hidden, ref_weight, ref_bias,
                               lse, ref_lse, kl)  # fmt: skip
-        ctx.temperature, ctx.rows = temperature, rows
+        ctx.temperature, ctx.rows, ctx.dtype = temperature, rows, dtype
         ctx.has_bias, ctx.has_ref_bias = bias is not None, ref_bias is not None
         return kl
 
@@ -139,17 +142,19 @@ class _FullKLFromHidden(torch.autograd.Function):
         hidden, weight, bias, ref_hidden, ref_weight, ref_bias, lse, ref_lse, kl = ctx.saved_tensors
         bias = bias if ctx.has_bias else None
         ref_bias = ref_bias if ctx.has_ref_bias else None
-        temperature = ctx.temperature
+        temperature, dtype = ctx.temperature, ctx.dtype
+        w, ref_w = weight.to(dtype), ref_weight.to(dtype)
 
         def grad_z(i: int, j: int) -> torch.Tensor:
-            log_p = _chunk_logits(hidden[i:j], weight, bias, temperature).sub_(lse[i:j, None])
-            log_q = _chunk_logits(ref_hidden[i:j], ref_weight, ref_bias, temperature)
+            log_p = _chunk_logits(hidden[i:j], w, bias, temperature, dtype).sub_(lse[i:j, None])
+            log_q = _chunk_logits(ref_hidden[i:j], ref_w, ref_bias, temperature, dtype)
             log_q.sub_(ref_lse[i:j, None])
             # p * (log p - log q - KL) * g / T, built in log_q's storage
             g = log_q.neg_().add_(log_p).sub_(kl[i:j, None]).mul_(log_p.exp_())
             return g.mul_(grad_kl[i:j, None] / temperature)
 
-        grads = _head_backward(hidden, weight, bias, ctx.needs_input_grad[:3], ctx.rows, grad_z)
+        grads = _head_backward(hidden, weight, bias, ctx.needs_input_grad[:3], ctx.rows, grad_z,
+                               cast=w)  # fmt: skip
         return (*grads, None, None, None, None, None)
 
 
@@ -206,7 +211,7 @@ def full_kl_from_hidden(
         )
     temperature = _check_temperature(temperature)
     lead = hidden.shape[:-1]
-    rows = _rows_per_chunk(weight.shape[0], chunk_size)
+    rows = _rows_per_chunk(weight.shape[0], chunk_size, weight.device)
     kl = _FullKLFromHidden.apply(
         hidden.reshape(-1, hidden.shape[-1]), weight, bias,
         ref_hidden.detach().reshape(-1, ref_hidden.shape[-1]), ref_weight.detach(),

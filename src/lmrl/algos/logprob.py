@@ -28,8 +28,12 @@ from __future__ import annotations
 import torch
 
 # Elements (rows x V) of one fp32 chunk: 2**24 is 64 MB, ~110 rows of a Qwen vocabulary. Much
-# smaller chunks re-read the (V, H) head weight too often.
+# smaller chunks re-read the (V, H) head weight too often. On a GPU 2**26 (256 MB, ~440 rows):
+# the head's matmuls then fill the tensor cores and a micro-batch is a few launches, not dozens.
 CHUNK_ELEMENTS = 2**24
+CUDA_CHUNK_ELEMENTS = 2**26
+_HALF = (torch.float16, torch.bfloat16)
+_MM_OUT_DTYPE = [True]  # torch.mm(..., out_dtype=float32) works for half inputs here (CUDA)
 
 
 def _acc(t: torch.Tensor) -> torch.dtype:
@@ -37,9 +41,17 @@ def _acc(t: torch.Tensor) -> torch.dtype:
     return torch.promote_types(t.dtype, torch.float32)
 
 
-def _rows_per_chunk(vocab_size: int, chunk_size: int | None) -> int:
+def chunk_elements(device: torch.device | str | None = None) -> int:
+    """Elements of one fp32 chunk of logits by default on ``device``."""
+    cuda = device is not None and torch.device(device).type == "cuda"
+    return CUDA_CHUNK_ELEMENTS if cuda else CHUNK_ELEMENTS
+
+
+def _rows_per_chunk(
+    vocab_size: int, chunk_size: int | None, device: torch.device | None = None
+) -> int:
     if chunk_size is None:
-        return max(1, CHUNK_ELEMENTS // max(vocab_size, 1))
+        return max(1, chunk_elements(device) // max(vocab_size, 1))
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of rows, got {chunk_size}")
     return chunk_size
@@ -178,7 +190,7 @@ def log_probs_from_logits(
     _check_labels(labels, logits.shape[:-1])
     temperature = _check_temperature(temperature)
     lead, vocab = logits.shape[:-1], logits.shape[-1]
-    rows = _rows_per_chunk(vocab, chunk_size)
+    rows = _rows_per_chunk(vocab, chunk_size, logits.device)
     logp, entropy = _LogProbsFromLogits.apply(
         logits.reshape(-1, vocab), labels.reshape(-1).long(), temperature, with_entropy, rows
     )
@@ -189,18 +201,22 @@ class _LogProbsFromHidden(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, temperature, with_entropy, rows):
         n = hidden.shape[0]
-        acc = _acc(hidden)
+        dtype = head_dtype(hidden, weight)
+        acc = torch.promote_types(dtype, torch.float32)
         lse = hidden.new_empty(n, dtype=acc)
         logp = hidden.new_empty(n, dtype=acc)
         entropy = hidden.new_empty(n if with_entropy else 0, dtype=acc)
-        for i in range(0, n, rows):
-            j = min(i + rows, n)
-            z = _chunk_logits(hidden[i:j], weight, bias, temperature)
-            lse[i:j], logp[i:j], h = _row_stats(z, labels[i:j], with_entropy)
-            if with_entropy:
-                entropy[i:j] = h
+        w = weight.to(dtype)  # one cast of a master head, not one per chunk
+        with torch.autocast(hidden.device.type, enabled=False):
+            for i in range(0, n, rows):
+                j = min(i + rows, n)
+                z = _chunk_logits(hidden[i:j], w, bias, temperature, dtype)
+                lse[i:j], logp[i:j], h = _row_stats(z, labels[i:j], with_entropy)
+                if with_entropy:
+                    entropy[i:j] = h
         ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy)
         ctx.temperature, ctx.rows, ctx.has_bias = temperature, rows, bias is not None
+        ctx.dtype = dtype
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
@@ -213,10 +229,11 @@ class _LogProbsFromHidden(torch.autograd.Function):
         bias = bias if ctx.has_bias else None
         if entropy.numel() == 0:
             grad_entropy = None
-        temperature = ctx.temperature
+        temperature, dtype = ctx.temperature, ctx.dtype
+        w = weight.to(dtype)
 
         def grad_z(i: int, j: int) -> torch.Tensor:
-            z = _chunk_logits(hidden[i:j], weight, bias, temperature)
+            z = _chunk_logits(hidden[i:j], w, bias, temperature, dtype)
             return _grad_z(
                 z,
                 labels[i:j],
@@ -227,11 +244,35 @@ class _LogProbsFromHidden(torch.autograd.Function):
                 temperature,
             )
 
-        grads = _head_backward(hidden, weight, bias, ctx.needs_input_grad[:3], ctx.rows, grad_z)
+        grads = _head_backward(hidden, weight, bias, ctx.needs_input_grad[:3], ctx.rows, grad_z,
+                               cast=w)  # fmt: skip
         return (*grads, None, None, None, None)
 
 
-def _head_backward(hidden, weight, bias, needs, rows, grad_z):
+def head_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
+    """The dtype a fused head's matmuls run in: autocast's where it is on (mixed precision:
+    bf16 compute over fp32 master weights, as the model's own ``lm_head`` would run), else the
+    promotion of the two dtypes."""
+    kind = hidden.device.type
+    if torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return torch.promote_types(hidden.dtype, weight.dtype)
+
+
+def _mm_acc(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` with its sum accumulated and returned in fp32 (fp64 for fp64): half inputs
+    on CUDA take the tensor cores with an fp32 output (``torch.mm(..., out_dtype=)``),
+    elsewhere both are upcast first (exact, and what a CPU can do)."""
+    if a.dtype in _HALF and a.is_cuda and _MM_OUT_DTYPE[0]:
+        try:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        except (RuntimeError, TypeError):  # a torch without the fp32-output matmul
+            _MM_OUT_DTYPE[0] = False
+    acc = _acc(a)
+    return a.to(acc) @ b.to(acc)
+
+
+def _head_backward(hidden, weight, bias, needs, rows, grad_z, cast=None):
     """Gradients of ``hidden``, ``weight`` and ``bias`` of a linear head, chunk by chunk.
 
     Args:
@@ -239,12 +280,16 @@ def _head_backward(hidden, weight, bias, needs, rows, grad_z):
         needs: ``ctx.needs_input_grad`` of the three.
         rows: rows per chunk.
         grad_z: ``grad_z(i, j)`` -> fp32 (j - i, V): d loss / d logits of rows ``i:j``.
+        cast: ``weight`` in the dtype the head computed in (`head_dtype`), as the caller's
+            ``grad_z`` uses it; None = ``weight`` itself.
     Returns:
         ``(grad_hidden, grad_weight, grad_bias)``, None where not needed. The weight and bias
         gradients are summed over all chunks in fp32 and cast once at the end.
     """
     need_h, need_w, need_b = needs
-    acc = _acc(weight)
+    w = weight if cast is None else cast
+    dtype = w.dtype
+    acc = torch.promote_types(weight.dtype, torch.float32)
     grad_h = torch.empty_like(hidden) if need_h else None
     grad_w = torch.zeros_like(weight, dtype=acc) if need_w else None
     grad_b = torch.zeros_like(bias, dtype=acc) if need_b and bias is not None else None
@@ -253,11 +298,11 @@ def _head_backward(hidden, weight, bias, needs, rows, grad_z):
         g = grad_z(i, j)
         if grad_b is not None:
             grad_b += g.sum(0)
-        g = g.to(weight.dtype)  # as autograd would cast it back through ``.float()``
+        g = g.to(dtype)  # as autograd would cast it back through ``.float()``
         if need_h:
-            grad_h[i:j] = g @ weight
+            grad_h[i:j] = g @ w
         if need_w:
-            grad_w.addmm_(g.t().to(acc), hidden[i:j].to(acc))
+            grad_w += _mm_acc(g.t(), hidden[i:j].to(dtype))
     return (
         grad_h,
         grad_w.to(weight.dtype) if need_w else None,
@@ -265,10 +310,16 @@ def _head_backward(hidden, weight, bias, needs, rows, grad_z):
     )
 
 
-def _chunk_logits(h, weight, bias, temperature):
-    """fp32 logits / temperature of one chunk of hidden states: (c, H) -> (c, V)."""
-    z = h @ weight.t()
-    z = z.to(_acc(z))
+def _chunk_logits(h, weight, bias, temperature, dtype=None):
+    """fp32 logits / temperature of one chunk of hidden states: (c, H) -> (c, V), the matmul in
+    ``dtype`` (None: the promotion of ``h``'s and ``weight``'s) with fp32 accumulation."""
+    if dtype is not None:
+        h, weight = h.to(dtype), weight.to(dtype)
+    if h.is_cuda:
+        z = _mm_acc(h, weight.t())
+    else:  # as the model's lm_head computes them on a CPU: in its dtype, then upcast
+        z = h @ weight.t()
+        z = z.to(_acc(z))
     if bias is not None:
         z += bias.to(z.dtype)
     if temperature != 1.0:
@@ -319,7 +370,7 @@ def log_probs_from_hidden(
     _check_labels(labels, hidden.shape[:-1], name="hidden")
     temperature = _check_temperature(temperature)
     lead, width = hidden.shape[:-1], hidden.shape[-1]
-    rows = _rows_per_chunk(weight.shape[0], chunk_size)
+    rows = _rows_per_chunk(weight.shape[0], chunk_size, weight.device)
     logp, entropy = _LogProbsFromHidden.apply(
         hidden.reshape(-1, width), weight, bias, labels.reshape(-1).long(), temperature,
         with_entropy, rows,
@@ -402,7 +453,7 @@ def full_kl_from_logits(
         )
     temperature = _check_temperature(temperature)
     lead, vocab = logits.shape[:-1], logits.shape[-1]
-    rows = _rows_per_chunk(vocab, chunk_size)
+    rows = _rows_per_chunk(vocab, chunk_size, logits.device)
     kl = _FullKLFromLogits.apply(
         logits.reshape(-1, vocab), ref_logits.detach().reshape(-1, vocab), temperature, rows
     )

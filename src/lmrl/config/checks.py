@@ -376,6 +376,10 @@ def _vllm(c: Config, f: Findings) -> None:
             "vLLM's CPU build in .venv-vllm (docs/vllm.md); or use rollout.name=hf"
         )
     v = c.rollout.vllm
+    if c.rollout.dtype and v["dtype"] and v["dtype"] != c.rollout.dtype:
+        f.errors.append(
+            f"rollout.dtype={c.rollout.dtype} and rollout.vllm.dtype={v['dtype']} disagree: set one"
+        )
     if not 0 < v["gpu_memory_utilization"] <= 1:
         f.errors.append(
             f"rollout.vllm.gpu_memory_utilization={v['gpu_memory_utilization']} must be in (0, 1]"
@@ -506,6 +510,19 @@ def check_placement(c: Config, f: Findings) -> None:
         )
 
 
+def check_precision(c: Config, f: Findings) -> None:
+    """fp16 on a CPU (no fp16 kernels there); the rest needs the device and is checked when
+    the models load (``lmrl.workers.precision.Precision.from_config``)."""
+    auto = c.model.mixed_precision.param_dtype == "auto"
+    key = "model.dtype" if auto else "model.mixed_precision.param_dtype"
+    compute = _get(c, key)
+    if c.trainer.device == "cpu" and compute in ("float16", "fp16"):
+        f.errors.append(
+            f"{key}={compute}: float16 compute on a CPU is not supported; use bfloat16 or "
+            "float32 (trainer.device=cpu)"
+        )
+
+
 def ray_address_problem(address: str) -> str | None:
     """Why ``address`` cannot be what ``ray.init(address=...)`` joins, or None.
 
@@ -552,4 +569,5 @@ CHECKS: tuple[Callable[[Config, Findings], None], ...] = (
     check_reward,
     check_algorithm,
     check_placement,
+    check_precision,
 )

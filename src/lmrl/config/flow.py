@@ -28,6 +28,7 @@ from lmrl.config.help import key_lines, rename_lines
 from lmrl.config.loader import ConfigKind, load_config
 from lmrl.config.names import IMAGE_REWARDS
 from lmrl.config.run import RUN_CHECKS, RunSettings, default_of, opt
+from lmrl.config.schema import MixedPrecisionConfig
 from lmrl.config.validate import range_errors, resolve_run_paths
 from lmrl.config.verl import FLOW, renames, translate, verl_spellings
 
@@ -49,6 +50,11 @@ class FlowModelConfig:
     target_modules: list[str] = opt(
         ["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"],
         "Module names LoRA adapts (the U-Net's attention projections and convolutions).",
+    )
+    mixed_precision: MixedPrecisionConfig = opt(
+        MixedPrecisionConfig(),
+        "Compute dtype over the model's float32 weights (the velocity and the Gaussian "
+        "log-probs stay float32); as lmrl train's model.mixed_precision.",
     )
 
 

@@ -85,6 +85,35 @@ class DataConfig:
 
 
 @dataclass
+class MixedPrecisionConfig:
+    """Mixed precision: compute dtype over the master weights (verl's fsdp_config.mixed_precision).
+
+    The trained models keep their weights and Adam moments in ``model.dtype`` (the fp32
+    masters) and compute in ``param_dtype`` (torch.autocast in one process and under DDP,
+    FSDP2's ``MixedPrecisionPolicy`` when sharded); log-softmax, log-probs, entropy, KL and
+    losses run in fp32 whatever the compute dtype. Applies to the actor, the critic, the
+    reference, the reward model and generation with the hf engine (``lmrl.workers.precision``).
+    """
+
+    param_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = opt(
+        "auto",
+        "Compute dtype. auto = bfloat16 on a GPU that supports it (verl's default), float32 "
+        "on a CPU: bf16 on most CPUs is slower than fp32 (no bf16 matmul units) and noisier, "
+        "so it is there for tests and parity checks; float16 adds dynamic loss scaling (GPU "
+        "only). Equal to model.dtype = no mixed precision (model.dtype=bfloat16 with "
+        "param_dtype=bfloat16 is pure bf16).",
+    )
+    reduce_dtype: Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = opt(
+        "float32", "Dtype the data-parallel gradient all-reduce / reduce-scatter runs in."
+    )
+    buffer_dtype: Literal["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = opt(
+        "float32",
+        "Dtype of the trained models' floating-point buffers (rotary frequencies), whatever "
+        "model.dtype is.",
+    )
+
+
+@dataclass
 class ModelConfig:
     """The policy model: where it is loaded from, its precision, LoRA."""
 
@@ -95,8 +124,12 @@ class ModelConfig:
     )
     dtype: Literal["float32", "bfloat16", "float16", "float64", "auto"] = opt(
         "float32",
-        "Parameter dtype of the trained models; auto = bfloat16 on a GPU that supports it, "
-        "else float32; float64 for exactness checks.",
+        "Dtype of the trained models' stored weights (the masters) and optimizer states; "
+        "auto = float32 (compute runs in model.mixed_precision.param_dtype); bfloat16 with "
+        "param_dtype=bfloat16 is pure bf16; float64 for exactness checks.",
+    )
+    mixed_precision: MixedPrecisionConfig = opt(
+        MixedPrecisionConfig(), "Compute dtype over the master weights."
     )
     trust_remote_code: bool = opt(
         False, "Allow model code shipped with the checkpoint (transformers trust_remote_code)."
@@ -223,6 +256,23 @@ class VLLMOptions:
 
 
 @dataclass
+class HFOptions:
+    """The options of ``rollout.hf``: how the ``hf`` engine decodes (`lmrl.rollout.static`)."""
+
+    decode: Literal["auto", "graphs", "static", "dynamic"] = opt(
+        "auto",
+        "auto = dynamic (measured faster than graphs in a training run on an H200: "
+        "docs/performance.md); graphs = a preallocated KV cache and one CUDA graph "
+        "launch per decode step; static = the preallocated cache, eager; dynamic = the "
+        "growing DynamicCache loop. Where graphs or static cannot run it says so once and "
+        "decodes dynamic.",
+    )
+    check_every: int = opt(
+        16, "Decode steps between host checks that every row has finished (static, graphs)."
+    )
+
+
+@dataclass
 class RolloutConfig:
     """Generation: the engine, samples per prompt, sampling, and whose log-probs anchor PPO."""
 
@@ -231,6 +281,14 @@ class RolloutConfig:
         "Generation engine: hf (transformers, in the actor's own module) or vllm (vLLM in "
         "this process, weights synced from the actor; the [vllm] extra on CUDA, "
         "`make vllm-cpu-env` on a CPU).",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] | None = opt(
+        None,
+        "The dtype the engine generates in; null = the actor's own. hf: another dtype than "
+        "the actor's generates with a copy of the weights in it, refreshed after every update "
+        "as vLLM's are (the seeds' BF16 rollout beside the FP32 anchor); vllm: its dtype "
+        "(rollout.vllm.dtype). The gap is logged every step old log-probs are recomputed "
+        "(rollout/mismatch_k3, rollout/ratio_outside_frac).",
     )
     n: int = opt(
         1,
@@ -264,6 +322,9 @@ class RolloutConfig:
     val_kwargs: ValKwargsConfig = opt(ValKwargsConfig(), "Sampling for validation.")
     vllm: dict[str, Any] = options(
         VLLMOptions, "The vllm engine's settings (rollout.name=vllm); set one as rollout.vllm.NAME."
+    )
+    hf: dict[str, Any] = options(
+        HFOptions, "The hf engine's settings (rollout.name=hf); set one as rollout.hf.NAME."
     )
     multi_turn: MultiTurnConfig = opt(MultiTurnConfig(), "Multi-turn rollouts with tools.")
 
@@ -451,6 +512,7 @@ __all__ = [
     "DataConfig",
     "FilterGroupsConfig",
     "KLControlConfig",
+    "MixedPrecisionConfig",
     "ModelConfig",
     "MultiTurnConfig",
     "OptimConfig",

@@ -180,6 +180,9 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("actor.strategy", "actor.strategy"),
     Rule("actor.fsdp_config.param_offload", "actor.offload", flag="params"),
     Rule("actor.fsdp_config.optimizer_offload", "actor.offload", flag="optimizer"),
+    # one precision for every model: actor, ref and critic keys all set model.mixed_precision
+    # (two different values in one file are an error: "set twice")
+    Rule("actor.fsdp_config.mixed_precision.*", "model.mixed_precision.*"),
     Rule("actor.fsdp_config.*", None, _FSDP),
     Rule("actor.use_dynamic_bsz", None, _BSZ),
     Rule("actor.ppo_max_token_len_per_gpu", None, _BSZ),
@@ -195,6 +198,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("actor.optim.num_cycles", None, "lmrl's cosine is a half cycle", only=(0.5,)),
     # ref
     Rule("ref.strategy", None, _REF_STRATEGY),
+    Rule("ref.fsdp_config.mixed_precision.*", "model.mixed_precision.*"),
     Rule("ref.fsdp_config.*", None, _FSDP),
     Rule("ref.log_prob_use_dynamic_bsz", None, _BSZ),
     Rule("ref.log_prob_max_token_len_per_gpu", None, _BSZ),
@@ -209,7 +213,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("rollout.prompt_length", None, _LEN),
     Rule("rollout.response_length", None, _LEN),
     Rule("rollout.max_model_len", "rollout.vllm.max_model_len"),
-    Rule("rollout.dtype", "rollout.vllm.dtype"),
+    Rule("rollout.dtype", "rollout.dtype"),
     Rule("rollout.gpu_memory_utilization", "rollout.vllm.gpu_memory_utilization"),
     Rule("rollout.tensor_model_parallel_size", "rollout.vllm.tensor_model_parallel_size"),
     Rule("rollout.data_parallel_size", None, _ENGINE),
@@ -304,6 +308,8 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("critic.model.fsdp_config.optimizer_offload", "critic.offload", flag="optimizer"),
     Rule("critic.fsdp_config.param_offload", "critic.offload", flag="params"),
     Rule("critic.fsdp_config.optimizer_offload", "critic.offload", flag="optimizer"),
+    Rule("critic.model.fsdp_config.mixed_precision.*", "model.mixed_precision.*"),
+    Rule("critic.fsdp_config.mixed_precision.*", "model.mixed_precision.*"),
     Rule("critic.model.fsdp_config.*", None, _FSDP),
     Rule("critic.model.tokenizer_path", None, "the critic uses the actor's tokenizer"),
     Rule("critic.model.trust_remote_code", None, "model.trust_remote_code applies to both"),
@@ -430,6 +436,7 @@ VERL_RULES: tuple[Rule, ...] = (
     ),
     Rule("data.balance_dp_token", None, _SFT_ONE, targets=_ONLY_SFT),
     Rule("model.strategy", None, _SFT_FSDP, targets=_ONLY_SFT),
+    Rule("model.fsdp_config.mixed_precision.*", "model.mixed_precision.*", targets=_ONLY_SFT),
     Rule("model.fsdp_config.*", None, _SFT_FSDP, targets=_ONLY_SFT),
     Rule("ulysses_sequence_parallel_size", None, _SFT_ONE, only=(1,), targets=_ONLY_SFT),
     Rule("use_remove_padding", None, _KERNEL, targets=_ONLY_SFT),

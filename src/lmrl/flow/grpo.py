@@ -18,6 +18,11 @@ step per mini-batch (`lmrl.models.grad.clip_and_step`, as the text side's worker
 
 The reference is a velocity model that never trains, or ``"adapter"``: the policy is a PEFT
 LoRA model and the reference is the same model with its adapters disabled (no second copy).
+
+Mixed precision (a ``precision`` from ``lmrl.workers.precision``): every velocity of the
+policy and the reference is computed under its autocast and returned in fp32, so the
+Gaussian steps' means, log-probs, ratios and KL run in fp32 over the fp32 weights; fp16
+scales the loss.
 """
 
 from __future__ import annotations
@@ -98,6 +103,7 @@ class FlowGRPO:
         reference: a frozen velocity model, ``"adapter"`` (the PEFT policy with adapters
             disabled), or None (then ``config.beta`` must be 0).
         ema: a `WeightEMA` of the trained weights, stepped after every optimizer step.
+        precision: a ``lmrl.workers.precision.Precision``; None = the model's own dtype.
 
     Raises:
         ValueError: ``beta > 0`` without a reference, or bad batch sizes.
@@ -111,8 +117,12 @@ class FlowGRPO:
         config: FlowGRPOConfig | None = None,
         reference: VelocityModel | str | None = None,
         ema: WeightEMA | None = None,
+        precision=None,
     ) -> None:
         self.model, self.sampler, self.optimizer, self.ema = model, sampler, optimizer, ema
+        self.precision = precision
+        self.velocity = in_precision(model, precision)  # what the sampler calls
+        self.scaler = precision.loss_scaler() if precision is not None else None
         self.config = config or FlowGRPOConfig()
         if self.config.beta > 0 and reference is None:
             raise ValueError("beta > 0 needs a reference model (or reference='adapter')")
@@ -125,8 +135,8 @@ class FlowGRPO:
     def _reference(self, x, t, cond):
         if self.reference == "adapter":
             with self.model.disable_adapter():
-                return self.model(x, t, cond)
-        return self.reference(x, t, cond)
+                return self.velocity(x, t, cond)
+        return in_precision(self.reference, self.precision)(x, t, cond)
 
     @torch.no_grad()
     def reference_means(self, batch: Batch, step: int, uncond=None) -> torch.Tensor:
@@ -142,7 +152,7 @@ class FlowGRPO:
         for j in range(mask.shape[1]):
             if mask[:, j].any():
                 out[:, j] = self.sampler.step_log_probs(
-                    self.model, batch, j, uncond=uncond
+                    self.velocity, batch, j, uncond=uncond
                 ).log_prob
         return out * mask
 
@@ -219,7 +229,7 @@ class FlowGRPO:
             for j in torch.nonzero(counts).flatten().tolist():
                 m = part["step_mask"][:, j : j + 1]
                 weight = counts[j] / total  # this step's share of the token-mean
-                step = self.sampler.step_log_probs(self.model, part, j, uncond=un)
+                step = self.sampler.step_log_probs(self.velocity, part, j, uncond=un)
                 adv = extra["adv"].unsqueeze(1)
                 if cfg.std_scale:
                     adv = adv * STD_SCALE * step.sigma.reshape(-1, 1)
@@ -236,9 +246,26 @@ class FlowGRPO:
                     kl_loss = (kl * m[:, 0]).sum() / total
                     stats["actor/kl_loss"] = stats["actor/kl_loss"] + kl_loss.detach()
                     loss = loss + cfg.beta * kl_loss
-                loss.backward()
+                (loss if self.scaler is None else self.scaler.scale_loss(loss)).backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        stats["actor/grad_norm"], _ = clip_and_step(params, self.optimizer, cfg.max_grad_norm)
+        if self.scaler is not None:
+            self.scaler.unscale(params)
+        stats["actor/grad_norm"], stepped = clip_and_step(params, self.optimizer, cfg.max_grad_norm)
+        if self.scaler is not None:
+            self.scaler.update(stepped)
         if self.ema is not None:
             self.ema.step()
         return {key: float(value) for key, value in stats.items()}
+
+
+def in_precision(model: VelocityModel, precision) -> VelocityModel:
+    """``model`` called under ``precision``'s autocast, its velocity returned in fp32; the
+    model itself without mixed precision."""
+    if precision is None or not precision.mixed:
+        return model
+
+    def velocity(x, t, cond):
+        with precision.autocast():
+            return model(x, t, cond).float()
+
+    return velocity

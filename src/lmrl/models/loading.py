@@ -9,7 +9,10 @@ Choices:
 
 - dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` (``fp32``/``bf16``/``fp16`` accepted) or
   ``"float64"`` (for exactness checks);
-  ``None`` means float32 on CPU, where half precision is slow and inexact, and bfloat16 on a GPU.
+  ``None`` means float32 on CPU, where half precision is slow and inexact, and bfloat16 on a GPU
+  (models that are only run, never trained; the trained ones load in their master dtype, see
+  ``lmrl.workers.precision``). ``export_pretrained`` writes the weights' own dtype into
+  ``config.json``.
 - pad token: the tokenizer's own pad token if it has one, else its EOS token (as verl and TRL
   do). Not ``unk``: an unknown-token id is a real input the model may see, and sentencepiece
   tokenizers that have one usually also have an EOS. Padded positions are always masked out by
@@ -291,9 +294,13 @@ def export_pretrained(
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
+    floating = {v.dtype for v in weights.values() if v.is_floating_point()}
+
     def write(tmp: Path) -> None:
         config = load_config(base_path, trust_remote_code)
         config.use_cache = True
+        if len(floating) == 1:  # the weights' own dtype (the masters'), not the base's
+            config.dtype = next(iter(floating))
         config.save_pretrained(tmp)
         with contextlib.suppress(OSError):  # the base has no generation_config.json
             GenerationConfig.from_pretrained(str(base_path)).save_pretrained(tmp)

@@ -50,6 +50,7 @@ from lmrl.trainer.health import RunHealth
 from lmrl.trainer.loop import RunsOnLoop, resume
 from lmrl.trainer.metrics import zero_spread_fraction
 from lmrl.trainer.resume import RunStart, open_run
+from lmrl.workers.precision import Precision
 
 log = logging.getLogger("lmrl.flow")
 
@@ -215,7 +216,11 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
         ppo_epochs=a.ppo_epochs, max_grad_norm=a.max_grad_norm,
     )  # fmt: skip
     ema = WeightEMA(params, a.ema_decay, a.ema_every) if a.ema else None
-    update = FlowGRPO(model, sampler, optimizer, settings, reference=reference, ema=ema)
+    # the weights stay float32 (the masters); compute in model.mixed_precision.param_dtype
+    precision = Precision.resolve("float32", cfg.model.mixed_precision, device)
+    update = FlowGRPO(
+        model, sampler, optimizer, settings, reference=reference, ema=ema, precision=precision
+    )
     reward = load_image_reward(cfg.reward.name, cfg.reward.path, cfg.reward.max_error_fraction)
     prompt_order = PromptSampler(len(train_prompts), cfg.data.train_batch_size, seed=cfg.data.seed)
     trackers = make_trackers(
@@ -289,7 +294,7 @@ class FlowTrainer(RunsOnLoop):
         uncond = self._uncond(cond)
         start = time.perf_counter()
         self.model.eval()
-        batch = self.sampler.sample(self.model, cond, noise, uncond=uncond, generator=gen)
+        batch = self.sampler.sample(self.grpo.velocity, cond, noise, uncond=uncond, generator=gen)
         sampled = time.perf_counter()
         scores, extra = self._score(batch["images"], rows_n)
         scored = time.perf_counter()
@@ -334,7 +339,9 @@ class FlowTrainer(RunsOnLoop):
         noise = torch.randn(len(rows), *self.image_shape, generator=gen).to(self.device)
         self.model.eval()
         with self.ema.applied() if self.ema is not None else nullcontext():
-            images = self.val_sampler.sample(self.model, cond, noise, uncond=self._uncond(cond))
+            images = self.val_sampler.sample(
+                self.grpo.velocity, cond, noise, uncond=self._uncond(cond)
+            )
         images = images["images"].cpu()  # one copy to the host: scored, then drawn
         scores, checks = self._score(images, rows)
         out = self.run_dir / "samples" / f"step_{self.global_step}.png"
@@ -370,6 +377,8 @@ class FlowTrainer(RunsOnLoop):
         }
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
+        if self.grpo.scaler is not None:  # fp16 compute's loss scale
+            state["loss_scaler"] = self.grpo.scaler.state_dict()
         return state
 
     def load_checkpoint(self, path: Path) -> None:
@@ -383,6 +392,8 @@ class FlowTrainer(RunsOnLoop):
             self.ema.load_state_dict(state["ema"])
         if "rng" in state:
             set_rng_state(state["rng"])
+        if self.grpo.scaler is not None and "loss_scaler" in state:
+            self.grpo.scaler.load_state_dict(state["loss_scaler"])
         self.global_step = int(state["global_step"])
 
     def export(self) -> Path:

@@ -43,6 +43,7 @@ from lmrl.trainer.loop import RunsOnLoop, resume
 from lmrl.trainer.metrics import StageTimer, to_floats
 from lmrl.trainer.resume import RunStart, open_run
 from lmrl.workers.build import seed_everything
+from lmrl.workers.precision import Precision
 from lmrl.workers.sft import SFTWorker
 
 log = logging.getLogger("lmrl.sft")
@@ -96,16 +97,20 @@ def build_sft(cfg: SFTConfig) -> SFTParts:
         )
     sampler = PromptSampler(len(train_data), d.train_batch_size, seed=d.seed, shuffle=d.shuffle)
     total_steps = cfg.trainer.total_training_steps or len(sampler) * cfg.trainer.total_epochs
+    precision = Precision.from_config(m, device)  # fp32 masters, model.mixed_precision compute
     model = load_causal_lm(
         m.path,
-        dtype=None if m.dtype == "auto" else m.dtype,
+        dtype=precision.master,
         device=device,
         trust_remote_code=m.trust_remote_code,
         gradient_checkpointing=m.enable_gradient_checkpointing,
     )
+    model = precision.prepare(model)
     if m.lora_rank > 0:
         model = apply_lora(model, m.lora_rank, m.lora_alpha, m.target_modules)
-    worker = SFTWorker(model, cfg.optim, total_steps=total_steps, seed=cfg.trainer.seed)
+    worker = SFTWorker(
+        model, cfg.optim, total_steps=total_steps, seed=cfg.trainer.seed, precision=precision
+    )
     t = cfg.trainer
     trackers = make_trackers(
         t.logger, start.run_dir, t.project_name, t.experiment_name, config_dict=asdict(cfg),

@@ -32,7 +32,6 @@ from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
 from lmrl.models import Reference, compute_log_probs, forward_log_probs
 from lmrl.models.forward import compute_device, forward_log_probs_and_kl
-from lmrl.models.grad import clip_and_step
 from lmrl.workers.optim import TrainableWorker
 
 UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
@@ -89,6 +88,8 @@ class ActorWorker(TrainableWorker):
             in every micro-batch. Sampled-token KL losses read ``ref_log_probs`` instead.
         dp: this rank's data parallelism (``lmrl.workers.dist``): every rank gets the whole
             batch and trains on its share of each mini-batch; None = one process.
+        precision: master and compute dtypes (``lmrl.workers.precision``); None = the
+            model's own dtype, no autocast.
 
     Raises:
         ValueError: an unknown loss or KL name, or the full KL without ``reference``.
@@ -107,8 +108,9 @@ class ActorWorker(TrainableWorker):
         seed: int = 0,
         reference: Reference | None = None,
         dp=None,
+        precision=None,
     ) -> None:
-        super().__init__(model, cfg.optim, total_steps, seed, dp)
+        super().__init__(model, cfg.optim, total_steps, seed, dp, precision)
         self.cfg = cfg
         self.rollout_n = rollout_n
         self.max_response_length = max_response_length
@@ -133,7 +135,7 @@ class ActorWorker(TrainableWorker):
             ``(log_probs, entropy)``, (B, T) each (entropy None unless asked).
         """
         micro = self.log_prob_micro_batch_size or len(batch)
-        with self.dp.full_params(self.model):
+        with self.dp.full_params(self.model), self.autocast():
             return compute_log_probs(self.model, batch, micro, self.temperature, with_entropy)
 
     def update_actor(
@@ -191,7 +193,7 @@ class ActorWorker(TrainableWorker):
             stats = self._accumulate(
                 mini, cfg.ppo_micro_batch_size or mini_size, old_log_probs_from_update
             )
-            grad_norm, stepped = clip_and_step(self.params, self.optimizer, cfg.grad_clip)
+            grad_norm, stepped = self.step(cfg.grad_clip)
             skipped += not stepped
             stats["actor/grad_norm"] = grad_norm
             for k, v in stats.items():
@@ -228,16 +230,17 @@ class ActorWorker(TrainableWorker):
         cfg = self.cfg
         mask = micro[mask_key]
         kld = None
-        if self.full_kl:
-            log_prob, entropy, kld = forward_log_probs_and_kl(
-                self.model, self.reference, micro, self.temperature, with_entropy=True
-            )
-        else:
-            log_prob, entropy = forward_log_probs(
-                self.model, micro, self.temperature, with_entropy=True
-            )
-            if cfg.use_kl_loss:
-                kld = kl_penalty(log_prob, micro["ref_log_probs"], cfg.kl_loss_type)
+        with self.autocast():  # the forward in the compute dtype; log-probs come back fp32
+            if self.full_kl:
+                log_prob, entropy, kld = forward_log_probs_and_kl(
+                    self.model, self.reference, micro, self.temperature, with_entropy=True
+                )
+            else:
+                log_prob, entropy = forward_log_probs(
+                    self.model, micro, self.temperature, with_entropy=True
+                )
+        if not self.full_kl and cfg.use_kl_loss:
+            kld = kl_penalty(log_prob, micro["ref_log_probs"], cfg.kl_loss_type)
         old = log_prob.detach() if own_old_log_probs else micro["old_log_probs"]
         pg_loss, pg_metrics = self.loss_fn(
             old,
@@ -257,7 +260,7 @@ class ActorWorker(TrainableWorker):
             kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, norm)
             loss = loss + cfg.kl_loss_coef * kl_loss
             stats["actor/kl_loss"] = stats["actor/kl_loss"] + kl_loss.detach()
-        loss.backward()
+        self.backward(loss)
         # the micro losses are shares of the mini-batch loss: they add up;
         # per-token fractions are weighted by the micro-batch's share of the tokens.
         share = masked_count(mask) / norm.token_count.clamp(min=1)

@@ -23,6 +23,7 @@ from lmrl.rollout import build_engine
 from lmrl.rollout.engines import engine_options, with_tools
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
+from lmrl.workers.precision import Precision, PrecisionEngine
 from lmrl.workers.reference import ReferenceWorker
 
 __all__ = ["Workers", "build_workers", "seed_everything"]
@@ -76,12 +77,16 @@ def build_workers(
         dp: the data parallelism of this rank (``lmrl.workers.dist``); None = one process.
     """
     policy = actor = critic = reference = engine = None
+    # fp32 masters, compute in model.mixed_precision.param_dtype (one error line if the
+    # device cannot); every trained model, the reference and hf generation share it
+    precision = Precision.from_config(cfg.model, device)
     if "actor" in roles:
         policy = load_causal_lm(
-            cfg.model.path, dtype=cfg.model.dtype, device=device,
+            cfg.model.path, dtype=precision.master, device=device,
             trust_remote_code=cfg.model.trust_remote_code,
             gradient_checkpointing=cfg.model.enable_gradient_checkpointing and train,
         )  # fmt: skip
+        policy = precision.prepare(policy)
         if cfg.model.lora_rank > 0:
             policy = apply_lora(policy, cfg.model.lora_rank, cfg.model.lora_alpha,
                                 cfg.model.target_modules)  # fmt: skip
@@ -90,10 +95,12 @@ def build_workers(
         if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
             frozen = build_reference(policy)
             if not frozen.disable_adapter and dp is not None:  # LoRA: the actor's own base
-                frozen.model = dp.prepare_frozen(frozen.model)  # fsdp2 shards the copy too
+                # fsdp2 shards the copy too
+                frozen.model = dp.prepare_frozen(frozen.model, precision)
             reference = ReferenceWorker(
-                frozen, cfg.ref.log_prob_micro_batch_size, cfg.rollout.temperature, dp=dp
-            )
+                frozen, cfg.ref.log_prob_micro_batch_size, cfg.rollout.temperature, dp=dp,
+                precision=precision,
+            )  # fmt: skip
         actor = ActorWorker(
             policy, cfg.actor, rollout_n=cfg.rollout.n,
             max_response_length=cfg.data.max_response_length,
@@ -101,20 +108,21 @@ def build_workers(
             log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size,
             total_steps=total_steps, seed=cfg.trainer.seed,
             reference=reference.reference if reference is not None else None, dp=dp,
+            precision=precision,
         )  # fmt: skip
         policy = actor.model  # as the data parallelism prepared it
         if not (cfg.algorithm.use_kl_in_reward or (cfg.actor.use_kl_loss and not actor.full_kl)):
             reference = None  # the full KL runs the reference inside the update: no ref stage
     if train and "critic" in roles and cfg.critic.enable:
         critic_model = load_critic(
-            cfg.critic.model.path, dtype=cfg.model.dtype, device=device,
+            cfg.critic.model.path, dtype=precision.master, device=device,
             trust_remote_code=cfg.model.trust_remote_code,
             gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
         )  # fmt: skip
         critic = CriticWorker(
-            critic_model, cfg.critic, rollout_n=cfg.rollout.n,
+            precision.prepare(critic_model), cfg.critic, rollout_n=cfg.rollout.n,
             max_response_length=cfg.data.max_response_length,
-            total_steps=total_steps, seed=cfg.trainer.seed, dp=dp,
+            total_steps=total_steps, seed=cfg.trainer.seed, dp=dp, precision=precision,
         )  # fmt: skip
     if policy is not None:
         engine = build_engine(
@@ -122,4 +130,6 @@ def build_workers(
             **engine_options(cfg),
         )  # fmt: skip
         engine = with_tools(cfg, engine, tokenizer)
+        if precision.mixed and engine.shares_weights:  # hf: the actor's module, its autocast
+            engine = PrecisionEngine(engine, precision)
     return Workers(policy=policy, actor=actor, critic=critic, reference=reference, engine=engine)

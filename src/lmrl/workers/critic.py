@@ -16,7 +16,6 @@ from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
 from lmrl.models.critic import compute_values, forward_values
 from lmrl.models.forward import compute_device
-from lmrl.models.grad import clip_and_step
 from lmrl.workers.optim import TrainableWorker
 
 UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
@@ -34,13 +33,15 @@ class CriticWorker(TrainableWorker):
         total_steps: training steps, for the learning-rate schedule.
         seed: seeds the mini-batch shuffling.
         dp: this rank's data parallelism (``lmrl.workers.dist``); None = one process.
+        precision: master and compute dtypes (``lmrl.workers.precision``); None = the
+            model's own. The values come back in fp32 whatever the compute dtype.
     """
 
     def __init__(
         self, model: nn.Module, cfg, *, rollout_n: int, max_response_length: int,
-        total_steps: int, seed: int = 0, dp=None,
+        total_steps: int, seed: int = 0, dp=None, precision=None,
     ) -> None:  # fmt: skip
-        super().__init__(model, cfg.optim, total_steps, seed + 1, dp)
+        super().__init__(model, cfg.optim, total_steps, seed + 1, dp, precision)
         self.cfg = cfg
         self.rollout_n = rollout_n
         self.max_response_length = max_response_length
@@ -48,8 +49,9 @@ class CriticWorker(TrainableWorker):
     def compute_values(self, batch: Batch) -> torch.Tensor:
         """Values of the response positions, (B, T), no grad."""
         micro = self.cfg.ppo_micro_batch_size or len(batch)
-        with self.dp.full_params(self.model):
-            return compute_values(self.model, batch, micro)
+        with self.dp.full_params(self.model), self.autocast():
+            values = compute_values(self.model, batch, micro)
+        return values.float() if values.dtype != self.precision.master else values
 
     def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Clipped value loss against ``returns``, anchored at the rollout's ``values``.
@@ -73,17 +75,21 @@ class CriticWorker(TrainableWorker):
             for i, micro in enumerate(micros):
                 mask = micro["response_mask"]
                 with self.dp.sync_grads(self.model, last=i == len(micros) - 1):
+                    with self.autocast():
+                        values = forward_values(self.model, micro)
+                    if values.dtype != self.precision.master:
+                        values = values.float()  # the value loss in fp32
                     loss, m = value_loss(
-                        forward_values(self.model, micro), micro["values"], micro["returns"],
+                        values, micro["values"], micro["returns"],
                         mask, cfg.cliprange_value, cfg.loss_agg_mode, norm,
                     )  # fmt: skip
-                    loss.backward()
+                    self.backward(loss)
                 share = masked_count(mask) / norm.token_count
                 stats["loss"] = stats["loss"] + loss.detach()
                 stats["clipfrac"] = stats["clipfrac"] + share * m["vf_clipfrac"]
             self.dp.reduce_grads(self.params)
             stats = self.dp.reduce_stats(stats)
-            grad_norm, _ = clip_and_step(self.params, self.optimizer, cfg.grad_clip)
+            grad_norm, _ = self.step(cfg.grad_clip)
             totals["critic/vf_loss"].append(stats["loss"])
             totals["critic/vf_clipfrac"].append(stats["clipfrac"])
             totals["critic/grad_norm"].append(grad_norm)

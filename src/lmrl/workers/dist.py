@@ -125,11 +125,15 @@ class DataParallel:
     world_size: int = 1
     comm_s: float = 0.0  # seconds spent in this strategy's own collectives (benchmarks)
 
-    def prepare(self, model: nn.Module) -> nn.Module:
-        """Called once on a freshly built model, before its optimizer is made."""
+    def prepare(self, model: nn.Module, precision=None) -> nn.Module:
+        """Called once on a freshly built model, before its optimizer is made.
+
+        ``precision``: its `lmrl.workers.precision.Precision` (the gradient reduction dtype,
+        FSDP2's compute dtype); None = the model's own dtype everywhere.
+        """
         return model
 
-    def prepare_frozen(self, model: nn.Module) -> nn.Module:
+    def prepare_frozen(self, model: nn.Module, precision=None) -> nn.Module:
         """Called once on a model that is never trained (the reference's frozen copy)."""
         return model
 
@@ -190,7 +194,9 @@ class DDP(DataParallel):
     """Replicated weights; gradients all-reduced (SUM) once per mini-batch.
 
     The gradients are flattened into one buffer per dtype and reduced in a single collective
-    (a mini-batch is one optimizer step, so there is nothing to overlap with here).
+    (a mini-batch is one optimizer step, so there is nothing to overlap with here), in the
+    precision's ``reduce`` dtype (fp32 by default; mixed precision's gradients are the fp32
+    masters' already, pure bf16's are upcast for the sum and cast back).
 
     Args:
         rank, world_size: this process's place in the default process group.
@@ -200,6 +206,7 @@ class DDP(DataParallel):
         self.rank = rank
         self.world_size = world_size
         self.comm_s = 0.0
+        self.reduce_dtype: torch.dtype | None = None  # None = each gradient's own dtype
 
     @contextlib.contextmanager
     def _timed_comm(self) -> Iterator[None]:
@@ -211,7 +218,8 @@ class DDP(DataParallel):
         finally:
             self.comm_s += time.perf_counter() - start
 
-    def prepare(self, model: nn.Module) -> nn.Module:
+    def prepare(self, model: nn.Module, precision=None) -> nn.Module:
+        self.reduce_dtype = precision.reduce if precision is not None else None
         # every rank loaded the same weights; make sure (a value head drawn differently would
         # silently train ``world_size`` different critics)
         with torch.no_grad():
@@ -233,8 +241,9 @@ class DDP(DataParallel):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             by_dtype.setdefault(p.grad.dtype, []).append(p)
-        for group in by_dtype.values():
-            flat = torch.cat([p.grad.reshape(-1) for p in group])
+        for dtype, group in by_dtype.items():
+            # in reduce_dtype (fp32: the masters' gradients already are; pure bf16 upcasts)
+            flat = torch.cat([p.grad.reshape(-1) for p in group]).to(self.reduce_dtype or dtype)
             with self._timed_comm():
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM)
             for p, g in zip(group, _unflatten(flat, group), strict=True):

@@ -9,6 +9,10 @@ forward and backward and freed after; gradients are reduce-scattered, summed (no
 each rank's loss is already its share of the mini-batch loss, see ``lmrl.workers.dist``) with
 ``ReduceOp.SUM`` in every dtype (gloo has no ``PREMUL_SUM``, FSDP2's op for a float32 factor).
 
+Mixed precision is FSDP2's ``MixedPrecisionPolicy``: fp32 shards (the masters, and the
+optimizer's), all-gathered cast to the compute dtype, gradients reduce-scattered in
+``reduce_dtype`` (fp32 by default) onto the fp32 shards.
+
 What this strategy changes in the worker loop:
 
 - ``micro_batches``: every rank runs the *same number* of forwards (each forward all-gathers),
@@ -69,8 +73,8 @@ class FSDP2(DDP):
         self.model: nn.Module | None = None
 
     # ---------------------------------------------------------------------- sharding
-    def prepare(self, model: nn.Module) -> nn.Module:
-        self._shard(model)
+    def prepare(self, model: nn.Module, precision=None) -> nn.Module:
+        self._shard(model, precision)
         for unit in self._units(model):  # each unit's own setting: sum, not mean
             unit.set_gradient_divide_factor(1.0)
             # and reduced with SUM: a factor in float32/bf16 otherwise becomes NCCL's
@@ -79,23 +83,37 @@ class FSDP2(DDP):
         self.model = model
         return model
 
-    def prepare_frozen(self, model: nn.Module) -> nn.Module:
+    def prepare_frozen(self, model: nn.Module, precision=None) -> nn.Module:
         """The reference's frozen copy, sharded like the policy (gathered for each forward)."""
-        self._shard(model)
+        self._shard(model, precision)
         return model
 
-    def _shard(self, model: nn.Module) -> None:
+    def _shard(self, model: nn.Module, precision=None) -> None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+        from torch.distributed.fsdp import (
+            CPUOffloadPolicy,
+            MixedPrecisionPolicy,
+            OffloadPolicy,
+            fully_shard,
+        )
 
         device = next(model.parameters()).device
         mesh = init_device_mesh(device.type, (self.world_size,))
         # pinned host memory needs an accelerator; on a CPU mesh the shards already live there
         pinned = device.type != "cpu"
         policy = CPUOffloadPolicy(pin_memory=pinned) if self.offload else OffloadPolicy()
+        # the shards are the masters; a mixed precision all-gathers them cast to its compute
+        # dtype and reduce-scatters the gradients in its reduce dtype before they land on the
+        # masters' shards
+        mp = MixedPrecisionPolicy()
+        if precision is not None:
+            mp = MixedPrecisionPolicy(
+                param_dtype=precision.compute if precision.mixed else None,
+                reduce_dtype=precision.reduce,
+            )
         for layer in _decoder_layers(model):
-            fully_shard(layer, mesh=mesh, offload_policy=policy)
-        fully_shard(model, mesh=mesh, offload_policy=policy)
+            fully_shard(layer, mesh=mesh, offload_policy=policy, mp_policy=mp)
+        fully_shard(model, mesh=mesh, offload_policy=policy, mp_policy=mp)
 
     def _units(self, model: nn.Module) -> list[nn.Module]:
         from torch.distributed.fsdp import FSDPModule

@@ -14,8 +14,10 @@ from collections.abc import Iterable
 
 import torch
 
+from lmrl.models.grad import clip_and_step
 from lmrl.models.loading import bump_weights_version
 from lmrl.workers.dist import DataParallel
+from lmrl.workers.precision import Precision
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], optim) -> torch.optim.AdamW:
@@ -92,16 +94,46 @@ class TrainableWorker:
         seed: seeds the mini-batch shuffling (the same on every rank: the mini-batches are
             cut identically everywhere, see ``lmrl.workers.dist``).
         dp: this rank's data parallelism (``lmrl.workers.dist``); None = one process.
+        precision: the dtypes (``lmrl.workers.precision``); None = the model's own, no
+            autocast. The parameters are the masters: AdamW's moments take their dtype.
     """
 
-    def __init__(self, model: torch.nn.Module, optim, total_steps: int, seed: int, dp=None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optim,
+        total_steps: int,
+        seed: int,
+        dp=None,
+        precision: Precision | None = None,
+    ) -> None:
         self.dp = dp if dp is not None else DataParallel()
-        model = self.dp.prepare(model)
+        self.precision = precision if precision is not None else Precision.of(model)
+        model = self.dp.prepare(model, self.precision)
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optim)
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
         self.generator = torch.Generator().manual_seed(seed)
+        self.scaler = self.precision.loss_scaler()  # fp16 compute only
+
+    def autocast(self):
+        """Around a forward pass: the compute dtype of ``precision``."""
+        return self.precision.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, the loss scaled first when computing in fp16."""
+        (self.scaler.scale_loss(loss) if self.scaler is not None else loss).backward()
+
+    def step(self, grad_clip: float | None) -> tuple[torch.Tensor, bool]:
+        """One optimizer step on the reduced gradients (`clip_and_step`), unscaled first
+        under fp16 loss scaling, whose scale the step's outcome then updates."""
+        if self.scaler is not None:
+            self.scaler.unscale(self.params)
+        grad_norm, stepped = clip_and_step(self.params, self.optimizer, grad_clip)
+        if self.scaler is not None:
+            self.scaler.update(stepped)
+        return grad_norm, stepped
 
     @property
     def lr(self) -> float:
@@ -146,11 +178,14 @@ class TrainableWorker:
 
     def state_dict(self) -> dict:
         """Optimizer, scheduler and shuffling RNG (the weights are saved separately)."""
-        return {
+        state = {
             "optimizer": self.dp.optimizer_state(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
         }
+        if self.scaler is not None:
+            state["loss_scaler"] = self.scaler.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         """Restore the moments, step counts, schedule position and shuffling RNG.
@@ -173,3 +208,5 @@ class TrainableWorker:
             group["lr"] = base * factor(scheduler.last_epoch)
         scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
         self.generator.set_state(state["generator"])
+        if self.scaler is not None and "loss_scaler" in state:
+            self.scaler.load_state_dict(state["loss_scaler"])

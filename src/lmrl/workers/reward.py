@@ -11,6 +11,7 @@ The total sits on the last response token, as the manager places the rule reward
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -21,6 +22,7 @@ from lmrl.models.reward_model import RewardModel
 from lmrl.rewards import load_reward_fn, make_reward_manager
 from lmrl.rewards.result import RewardResult
 from lmrl.rewards.scorers import scorer_option_errors
+from lmrl.workers.precision import Precision
 
 __all__ = ["RewardWorker", "build_reward"]
 
@@ -33,14 +35,23 @@ class RewardWorker:
             the model's score alone.
         model: the reward model, or None.
         coef: the weight of the model's score.
+        precision: the run's (``lmrl.workers.precision``): the model scores under its
+            autocast (bf16 compute on a GPU by default); the score is added in fp32.
     """
 
-    def __init__(self, manager, model: RewardModel | None = None, coef: float = 1.0) -> None:
+    def __init__(
+        self,
+        manager,
+        model: RewardModel | None = None,
+        coef: float = 1.0,
+        precision: Precision | None = None,
+    ) -> None:
         if manager is None and model is None:
             raise ValueError("a RewardWorker needs a reward manager, a reward model, or both")
         self.manager = manager
         self.model = model
         self.coef = coef
+        self.precision = precision
 
     def __call__(self, batch: Batch) -> RewardResult:
         """``token_level_scores`` (B, T) of the batch; extras per sample; counters."""
@@ -55,7 +66,8 @@ class RewardWorker:
             )
         if self.model is None:
             return result
-        rm = self.model(batch)  # (B,)
+        with self.precision.autocast() if self.precision is not None else nullcontext():
+            rm = self.model(batch).float()  # (B,)
         scores = result.token_level_scores.clone()
         last = last_true(batch["response_mask"]).to(scores.device)
         rows = torch.arange(len(scores), device=scores.device)
@@ -93,7 +105,9 @@ def build_reward(cfg: Config, tokenizer, device=None):
         if manager is not None:
             manager.close()
         raise
-    return RewardWorker(manager, model, rm_cfg.coef)
+    return RewardWorker(
+        manager, model, rm_cfg.coef, Precision.from_config(cfg.model, device or "cpu")
+    )
 
 
 def _rule_manager(cfg: Config, tokenizer):

@@ -21,7 +21,6 @@ from torch import nn
 
 from lmrl.algos.agg import AggNorm, agg_loss
 from lmrl.models.forward import eval_mode, forward_log_probs
-from lmrl.models.grad import clip_and_step
 from lmrl.workers.optim import TrainableWorker
 
 
@@ -66,10 +65,14 @@ class SFTWorker(TrainableWorker):
         optim: the ``optim`` section of ``SFTConfig`` (an ``OptimConfig`` with ``grad_clip``).
         total_steps: optimizer steps of the run, for the learning-rate schedule.
         seed: seeds ``TrainableWorker``'s generator (SFT's data order is the sampler's).
+        precision: master and compute dtypes (``lmrl.workers.precision``); None = the
+            model's own, no autocast.
     """
 
-    def __init__(self, model: nn.Module, optim, *, total_steps: int, seed: int = 0) -> None:
-        super().__init__(model, optim, total_steps, seed)
+    def __init__(
+        self, model: nn.Module, optim, *, total_steps: int, seed: int = 0, precision=None
+    ) -> None:
+        super().__init__(model, optim, total_steps, seed, precision=precision)
         self.grad_clip = optim.grad_clip
 
     def update(self, micro_batches: Sequence[Mapping[str, torch.Tensor]]) -> dict:
@@ -90,11 +93,12 @@ class SFTWorker(TrainableWorker):
         self.model.train()
         total = torch.zeros((), device=device)
         for piece in micro_batches:
-            log_probs, mask = sft_token_log_probs(self.model, piece)
+            with self.autocast():  # log-probs come back fp32
+                log_probs, mask = sft_token_log_probs(self.model, piece)
             loss = agg_loss(-log_probs, mask, "token-mean", norm)
-            loss.backward()
+            self.backward(loss)
             total += loss.detach()
-        grad_norm, stepped = clip_and_step(self.params, self.optimizer, self.grad_clip)
+        grad_norm, stepped = self.step(self.grad_clip)
         self.scheduler.step()
         return {
             "sft/loss": total,
@@ -113,7 +117,7 @@ class SFTWorker(TrainableWorker):
         """
         total = torch.zeros((), dtype=torch.float64)
         count = 0
-        with eval_mode(self.model):
+        with eval_mode(self.model), self.autocast():
             for piece in micro_batches:
                 log_probs, mask = sft_token_log_probs(self.model, piece)
                 total += agg_loss(-log_probs, mask, "token-sum").double().cpu()
