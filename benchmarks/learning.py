@@ -77,6 +77,18 @@ VARIANTS: dict[str, tuple[list[str], str]] = {
         ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.01", "actor.kl_loss_type=low_var_kl"],
         "k3 KL to the warm start in the loss",
     ),
+    "bf16_tis": (
+        ["rollout.dtype=bfloat16", "rollout.log_prob_mode=rollout_correction"],
+        "a bf16 copy generates, the fp32 anchor recomputes, token-level TIS (cap 2)",
+    ),
+    "bf16_decoupled": (
+        ["rollout.dtype=bfloat16"],
+        "a bf16 copy generates, the fp32 anchor recomputes, no importance weights",
+    ),
+    "bf16_bypass": (
+        ["rollout.dtype=bfloat16", "rollout.log_prob_mode=bypass"],
+        "a bf16 copy generates and its own log-probs are pi_old: no anchor, no correction",
+    ),
     "kl0.2": (
         ["actor.use_kl_loss=true", "actor.kl_loss_coef=0.2", "actor.kl_loss_type=low_var_kl"],
         "a strong k3 KL to the warm start in the loss",

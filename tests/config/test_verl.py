@@ -377,8 +377,9 @@ def test_vllm_engine_keys_map_to_the_rollout_section():
     assert cfg.rollout.vllm == {
         "gpu_memory_utilization": 0.6, "tensor_model_parallel_size": 2,
         "max_num_batched_tokens": 8192, "max_model_len": 4096, "enforce_eager": False,
-        "free_cache_engine": False, "dtype": "bfloat16",
+        "free_cache_engine": False, "dtype": None,
     }  # fmt: skip
+    assert cfg.rollout.dtype == "bfloat16"  # the engine's dtype, hf's and vllm's alike
 
 
 @pytest.mark.parametrize(

@@ -232,3 +232,9 @@ def test_one_on_policy_update_shows_gradient_norm_and_step_time_instead():
     labels = {line.get_label() for ax in fig.axes for line in ax.get_lines()}
     assert {"kl_loss (policy || ref)", "ppo_kl (old -> new policy)", "pg_clipfrac"} <= labels
     assert "actor gradient norm" not in labels and "step" not in labels
+
+    # an engine with its own weights (rollout.dtype, vLLM): the KL panel draws its gap (k3)
+    series["rollout/mismatch_k3"] = (steps, np.array([2e-4, 3e-4, 2.5e-4]))
+    lines = {ax.get_title(): [line.get_label() for line in ax.get_lines()]
+             for ax in draw_run(series).axes}  # fmt: skip
+    assert "rollout vs trainer (k3)" in lines["KL"]

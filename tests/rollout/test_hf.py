@@ -8,7 +8,7 @@ import torch
 from lmrl.models import apply_lora, build_tiny_model, compute_log_probs, load_causal_lm
 from lmrl.models.forward import distinct_rows
 from lmrl.rollout import HFEngine, SamplingParams
-from lmrl.rollout.hf import Draws, _draw, _truncate
+from lmrl.rollout.sampling import Draws, _draw, _truncate
 
 EOS, PAD = 258, 256
 TEXTS = ["hello", "a", "what is 2+2?"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,11 @@ def test_the_engine_gap_is_the_masked_mean_and_max():
     gap = engine_gap(old, rollout, mask)
     assert float(gap["rollout/actor_logprob_abs_diff"]) == pytest.approx((0.1 + 0.25) / 4)
     assert float(gap["rollout/actor_logprob_abs_diff_max"]) == pytest.approx(0.25)
+    # r = pi_old / pi_rollout: e^0.1, 1, e^-0.25, 1 -> k3 = r - 1 - log r; outside [0.9, 1.1]:
+    # e^0.1 = 1.105 and e^-0.25 = 0.78, so 2 tokens of 4
+    k3 = [math.exp(d) - 1 - d for d in (0.1, 0.0, -0.25, 0.0)]
+    assert float(gap["rollout/mismatch_k3"]) == pytest.approx(sum(k3) / 4)
+    assert float(gap["rollout/ratio_outside_frac"]) == pytest.approx(0.5)
 
 
 def test_the_hf_engine_gap_is_rounding_when_old_log_probs_are_recomputed(

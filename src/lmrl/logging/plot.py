@@ -273,7 +273,8 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
     by_construction = "0 by construction: one on-policy update per batch (ppo_epochs=1, one "
     by_construction += "mini-batch), so the PPO ratio is 1"
     kl_lines = [("actor/kl_loss", "kl_loss (policy || ref)", "C1"),
-                ("actor/reward_kl_penalty", "reward_kl_penalty", "C2")]  # fmt: skip
+                ("actor/reward_kl_penalty", "reward_kl_penalty", "C2"),
+                ("rollout/mismatch_k3", "rollout vs trainer (k3)", "C3")]  # fmt: skip
     if not on_policy:
         kl_lines.insert(0, ("actor/ppo_kl", "ppo_kl (old -> new policy)", "C0"))
     if not any(_nonzero(series, key) for key, _, _ in kl_lines) and _nonzero(

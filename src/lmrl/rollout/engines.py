@@ -13,13 +13,24 @@ from torch import nn
 
 from lmrl.algos.registry import Registry
 from lmrl.errors import LmrlError
+from lmrl.models.loading import resolve_dtype
 from lmrl.rollout.base import RolloutEngine
+from lmrl.rollout.copy import CopyEngine
 from lmrl.rollout.hf import HFEngine
 
 __all__ = ["ENGINES", "build_engine", "engine_options", "with_tools"]
 
 ENGINES: Registry = Registry("rollout engine")
-ENGINES.register("hf")(HFEngine)
+
+
+@ENGINES.register("hf")
+def _hf_engine(model: nn.Module, tokenizer=None, *, dtype: str | None = None, **options):
+    """`HFEngine` over the actor's own module, or `CopyEngine` (a copy of the weights in
+    ``dtype``) when ``dtype`` is another than the actor's."""
+    first = next(model.parameters(), None)
+    if dtype is None or first is None or resolve_dtype(dtype, first.device) == first.dtype:
+        return HFEngine(model, tokenizer, **options)
+    return CopyEngine(model, tokenizer, dtype=dtype, **options)
 
 
 @ENGINES.register("vllm")
@@ -40,11 +51,17 @@ def _vllm_engine(model: nn.Module, tokenizer=None, **options) -> RolloutEngine:
 def _vllm_options(cfg) -> dict:
     v = cfg.rollout.vllm  # its options, named as VLLMEngine's keyword arguments
     max_model_len = v["max_model_len"] or cfg.data.max_prompt_length + cfg.data.max_response_length
-    return {**v, "model_path": cfg.model.path, "max_model_len": max_model_len}
+    dtype = v["dtype"] or cfg.rollout.dtype
+    return {**v, "model_path": cfg.model.path, "max_model_len": max_model_len, "dtype": dtype}
+
+
+def _hf_options(cfg) -> dict:
+    hf = dict(cfg.rollout.hf)  # decode, check_every: HFEngine's keyword arguments
+    return {**hf, "dtype": cfg.rollout.dtype} if cfg.rollout.dtype else hf
 
 
 # an engine's settings beyond the model, tokenizer and seed, read from a run's config
-_OPTIONS = {"vllm": _vllm_options}
+_OPTIONS = {"vllm": _vllm_options, "hf": _hf_options}
 
 
 def engine_options(cfg) -> dict:

@@ -65,6 +65,10 @@ METRICS: dict[str, str] = {
     "tokens when old log-probs are recomputed: the engine's gap from the trainer (a broken "
     "weight sync shows here at once)",
     "rollout/actor_logprob_abs_diff_max": "largest |rollout log-prob - actor log-prob|",
+    "rollout/mismatch_k3": "the training-inference KL(rollout || actor) by k3 over response "
+    "tokens, when old log-probs are recomputed (rollout.dtype or vLLM against the fp32 anchor)",
+    "rollout/ratio_outside_frac": "fraction of response tokens whose actor/rollout probability "
+    "ratio leaves [0.9, 1.1] (verl issue 6280's measure of the engine gap)",
     "rollout_corr/": "rollout importance weights (mean, max, ESS, masked fraction, mismatch KL)",
     "reward/scored": "scorings attempted in the step: samples times reward functions (the "
     "denominator of reward/errors, reward/timeouts and reward/no_score)",
@@ -259,16 +263,24 @@ __all__ = [
 
 def engine_gap(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
                mask: torch.Tensor) -> dict[str, torch.Tensor]:  # fmt: skip
-    """``rollout/actor_logprob_abs_diff`` (mean) and ``_max`` over the response tokens.
+    """The engine's gap from the trainer over the response tokens: ``rollout/
+    actor_logprob_abs_diff`` (mean |old - rollout|) and its ``_max``, ``rollout/mismatch_k3``
+    (the training-inference KL(pi_rollout || pi_old) by k3 = (r - 1) - log r, r = pi_old /
+    pi_rollout, on the engine's samples) and ``rollout/ratio_outside_frac`` (the fraction of
+    tokens whose r leaves [0.9, 1.1], the measure verl users compare).
 
     Args:
         old_log_probs, rollout_log_probs: (B, T) the actor's and the engine's log-probs of the
             sampled tokens; mask: (B, T) bool response mask.
     """
-    gap = (old_log_probs.float() - rollout_log_probs.float()).abs()
+    diff = old_log_probs.float() - rollout_log_probs.float()
+    gap = diff.abs()
+    ratio = diff.exp()
     return {
         "rollout/actor_logprob_abs_diff": masked_mean(gap, mask),
         "rollout/actor_logprob_abs_diff_max": zero_outside(gap, mask).max()
         if gap.numel()
         else gap.new_zeros(()),
+        "rollout/mismatch_k3": masked_mean(ratio - 1 - diff, mask),
+        "rollout/ratio_outside_frac": masked_mean(((ratio < 0.9) | (ratio > 1.1)).float(), mask),
     }

@@ -1,0 +1,109 @@
+"""The ``hf`` engine over a copy of the actor's weights in another dtype (``rollout.dtype``).
+
+The seeds' picture of a production step (seed ``002`` §3.6): the rollout generates in BF16,
+the trainer recomputes the old log-probs in FP32 as the anchor, and the log-prob modes
+(decoupled, bypass, rollout correction) exist because the two differ. vLLM gives that gap on
+a GPU; `CopyEngine` gives the same gap to the ``hf`` engine anywhere, this CPU included: it
+holds a copy of the actor cast to ``dtype`` and generates with it.
+
+The copy is refreshed exactly as the vLLM engine's weights are: before a call, when the
+actor's weights changed since the last copy (the trainer's explicit weights version, and
+torch's per-tensor write counters for changes made outside it, such as a checkpoint load),
+every tensor is copied over in place and cast. LoRA is merged into the copy's base weights
+through the model's own structure: the copy is a deep copy of the (possibly PEFT-wrapped)
+module, so ``load_state_dict`` of the actor's state refreshes adapters and base alike.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from lmrl.batch import Batch
+from lmrl.models.loading import resolve_dtype, weights_version
+from lmrl.rollout.base import RolloutEngine, SamplingParams
+from lmrl.rollout.hf import HFEngine
+
+__all__ = ["CopyEngine"]
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's full value: an FSDP2 shard (DTensor) is gathered, a plain tensor returned."""
+    full = getattr(t, "full_tensor", None)
+    return full() if callable(full) else t
+
+
+class CopyEngine(RolloutEngine):
+    """Generation with a ``dtype`` copy of ``model``, synced from it whenever it changed.
+
+    Args:
+        model: the actor's causal LM (the source of the weights; never written).
+        tokenizer: its tokenizer.
+        dtype: the copy's dtype (``"bfloat16"``, ``"float16"``, ``"float32"``).
+        **options: `HFEngine`'s keyword arguments (``seed``, ``micro_batch_size``, ...).
+
+    Attributes:
+        sync_count: copies made (the first at construction).
+        inner: the `HFEngine` over the copy.
+    """
+
+    shares_weights = False
+
+    def __init__(self, model: nn.Module, tokenizer=None, *, dtype: str, **options) -> None:
+        device = next(model.parameters()).device
+        self.dtype = resolve_dtype(dtype, device)
+        self.source = model
+        with torch.no_grad():
+            self.copy = copy.deepcopy(model).to(self.dtype).eval()
+        for p in self.copy.parameters():
+            p.requires_grad_(False)
+        self.inner = HFEngine(self.copy, tokenizer, **options)
+        self.tokenizer = tokenizer
+        self.eos_ids, self.pad_id = self.inner.eos_ids, self.inner.pad_id
+        self.micro_batch_size = self.inner.micro_batch_size
+        self.seeds = self.inner.seeds
+        self.sync_count = 1
+        self._synced = self._versions()
+
+    def _versions(self) -> tuple[int, ...]:
+        return (weights_version(self.source), *(p._version for p in self.source.parameters()))
+
+    def _sync_if_changed(self) -> None:
+        if self._versions() != self._synced:
+            self.sync_weights()
+
+    def sync_weights(
+        self, state_dict: Mapping[str, torch.Tensor] | None = None, strict: bool = True
+    ) -> None:
+        """Copy ``state_dict`` (the actor's names), or the actor's current weights, into the
+        copy, cast to its dtype.
+
+        Raises:
+            RuntimeError: missing or unexpected keys when ``strict`` (torch's message).
+        """
+        with torch.no_grad():
+            if state_dict is None:
+                state_dict = {k: _full(v.detach()) for k, v in self.source.state_dict().items()}
+            self.copy.load_state_dict(state_dict, strict=strict)
+        self._synced = self._versions()
+        self.sync_count += 1
+
+    def generate(
+        self,
+        prompts: Batch,
+        n: int = 1,
+        sampling: SamplingParams | None = None,
+        *,
+        prompt_offset: int = 0,
+    ) -> Batch:
+        """Sample with the copy; see `RolloutEngine.generate`."""
+        self._sync_if_changed()
+        return self.inner.generate(prompts, n, sampling, prompt_offset=prompt_offset)
+
+    def open_session(self, prompts: Batch, n: int, sampling: SamplingParams, **kwargs):
+        """A multi-turn session on the copy (`HFEngine.open_session`)."""
+        self._sync_if_changed()
+        return self.inner.open_session(prompts, n, sampling, **kwargs)

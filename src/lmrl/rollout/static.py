@@ -1,0 +1,375 @@
+"""The ``hf`` engine's decode with a preallocated KV cache, captured as one CUDA graph per step.
+
+Today's loop (`HFEngine._sample`) grows a ``DynamicCache`` by concatenation and syncs the host
+every step; on a GPU it is bound by Python and kernel launches. Here one micro-batch of R rows
+decodes into buffers sized once, so every step has the same shapes and reads and writes the
+same memory, and on CUDA the whole step (the model's forward of the fed tokens, ``pick``'s
+log-softmax, truncation and counter-based draw, the bookkeeping of EOS and of the outputs) is
+captured once with ``torch.cuda.CUDAGraph`` and replayed: one graph launch per token.
+
+- Prefill stays as today's: the U distinct prompts run once into a ``DynamicCache``; each
+  layer's (U, H, P, D) keys and values are gathered to the R rows of a static
+  (R, H, P + T - 1, D) buffer (rounded up to 8 columns), and the cache's layers are swapped for ``_StaticLayer``s, which
+  writes each step's (R, H, 1, D) at the column held by a device tensor.
+- The mask is a 4D additive (R, 1, 1, P + T - 1) tensor in the cache's dtype (0 = attend,
+  the dtype's minimum = not), opened one column per step in place; ``transformers`` takes a 4D
+  mask as it is, so no mask is built inside the step. Positions, the column and the step
+  counter of the draws (`Draws`, a hash of seed, row and step) are device tensors that the
+  step advances in place.
+- The host looks at ``finished`` only every ``check_every`` steps (each step when stop
+  strings are set: their check decodes text on the host anyway); steps run past the last
+  finish write pad / mask False / log-prob 0, exactly the padding today's loop returns, and
+  the outputs are cut to the longest response.
+
+The same step function runs eagerly (any device) or replayed from a graph (CUDA), so the CPU
+tests of the eager static path against today's loop and the GPU tests of graph against eager
+cover the whole. Models whose cache is not plain full-attention ``DynamicLayer``s (sliding
+windows, linear attention) or whose attention takes no 4D additive mask (flash attention)
+keep today's loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from lmrl.rollout.base import SamplingParams
+from lmrl.rollout.sampling import pick, stop_hits
+
+log = logging.getLogger(__name__)
+
+DECODE_MODES = ("auto", "graphs", "static", "dynamic")
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """Log ``message`` as a warning the first time it is given in this process."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning(message)
+
+
+def resolve_decode(mode: str, device: torch.device) -> str:
+    """The decode path ``mode`` gives on ``device``: ``graphs`` (static cache and CUDA graphs),
+    ``static`` (static cache, eager) or ``dynamic`` (today's loop). ``auto`` = dynamic for now:
+    on an H200 (session 16, transformers 5.17) the trainer's rollout with ``graphs`` took 13.3 s
+    against 11.5 s for today's loop at the Qwen2.5-0.5B shape (256 rows x 512 tokens); the
+    likely cause, not yet confirmed, is that every step reads the full-width cache and
+    transformers' sdpa path copies its GQA heads under a 4D mask (docs/performance.md).
+    ``graphs`` and ``static`` are there to choose. ``graphs``
+    asked off CUDA falls back to ``dynamic`` and says so once."""
+    if mode not in DECODE_MODES:
+        raise ValueError(f"rollout.hf.decode must be one of {DECODE_MODES}, got {mode!r}")
+    if mode == "auto":
+        return "dynamic"
+    if mode == "graphs" and device.type != "cuda":
+        warn_once(f"rollout.hf.decode=graphs needs CUDA; decoding on {device} with today's loop")
+        return "dynamic"
+    return mode
+
+
+def static_supported(model) -> str | None:
+    """None when the static path can run ``model``, else why not."""
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    if impl not in ("sdpa", "eager"):
+        return f"attention {impl!r} takes no 4D additive mask"
+    types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+    if types != {"full_attention"}:
+        return f"layer types {sorted(types)} (only full attention has a static cache here)"
+    return None
+
+
+def _dynamic_layer():
+    from transformers.cache_utils import DynamicLayer
+
+    return DynamicLayer
+
+
+@functools.cache
+def _static_layer_class():
+    """`_StaticLayer`, made on first use so that importing lmrl imports no ``transformers``."""
+
+    class _StaticLayer(_dynamic_layer()):
+        """One layer's preallocated keys and values (R, H, L, D); `update` writes the step's
+        columns at ``col`` (a (W,) device tensor) in place and returns the whole buffers."""
+
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, col: torch.Tensor) -> None:
+            super().__init__()
+            self.keys, self.values, self.col = keys, values, col
+            self.is_initialized = True
+            self.device = keys.device
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            # in the buffers' dtypes, as the prefill's cache stored them: under autocast some
+            # transformers releases keep values in the (fp32, after rotary) keys' dtype
+            self.keys.index_copy_(2, self.col, key_states.to(self.keys.dtype))
+            self.values.index_copy_(2, self.col, value_states.to(self.values.dtype))
+            return self.keys, self.values
+
+    return _StaticLayer
+
+
+class StaticDecode:
+    """The decode of one micro-batch of R left-padded rows on static buffers.
+
+    Args:
+        engine: the `HFEngine` (its model, ``_forward``, pad and EOS ids, tokenizer).
+        input_ids: (R, P) long, left-padded; ``mask`` (R, P) bool; ``position_ids`` (R, P).
+        sampling: the call's sampling; ``draws`` its `Draws` over the R rows.
+        first, inverse: rows sharing a prompt (`distinct_rows`), or None.
+        graphs: capture the step as a CUDA graph (CUDA only; on failure, eager and a warning).
+        check_every: steps between host checks of "every row finished" (no stop strings).
+    """
+
+    def __init__(
+        self,
+        engine,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        position_ids: torch.Tensor,
+        sampling: SamplingParams,
+        draws,
+        first: torch.Tensor | None,
+        inverse: torch.Tensor | None,
+        *,
+        graphs: bool,
+        check_every: int,
+    ) -> None:
+        from transformers import DynamicCache
+
+        self.engine, self.sampling, self.draws = engine, sampling, draws
+        self.graphs, self.check_every = graphs, max(1, check_every)
+        rows, prompt_len = input_ids.shape
+        device = input_ids.device
+        max_new = sampling.max_new_tokens
+        self.rows, self.max_new = rows, max_new
+        cache = DynamicCache(config=engine.model.config)
+        if first is not None and len(first) < rows:  # each distinct prompt prefilled once
+            logits = engine._forward(
+                input_ids[first], mask[first].long(), position_ids[first], cache
+            )
+            logits, gather = logits[inverse], inverse
+        else:
+            logits, gather = engine._forward(input_ids, mask.long(), position_ids, cache), None
+        layer_cls = _dynamic_layer()
+        if not cache.layers or any(type(layer) is not layer_cls for layer in cache.layers):
+            raise NotImplementedError("the model's cache is not plain DynamicLayers")
+        length = prompt_len + max(max_new - 1, 0)  # the last token is never fed
+        length = -(-length // 8) * 8  # a multiple of 8: sdpa's fused kernels want aligned masks
+        self.col = torch.full((1,), prompt_len, dtype=torch.long, device=device)
+        for i, layer in enumerate(cache.layers):
+            k, v = layer.keys, layer.values  # (U, H, P, D)
+            if gather is not None:
+                k, v = k.index_select(0, gather), v.index_select(0, gather)
+            keys = k.new_zeros(rows, k.shape[1], length, k.shape[3])
+            values = v.new_zeros(rows, v.shape[1], length, v.shape[3])
+            keys[:, :, :prompt_len] = k
+            values[:, :, :prompt_len] = v
+            cache.layers[i] = _static_layer_class()(keys, values, self.col)
+        self.cache = cache
+        dtype = cache.layers[0].keys.dtype
+        low = torch.finfo(dtype).min
+        self.mask4d = torch.full((rows, 1, 1, length), low, dtype=dtype, device=device)
+        self.mask4d[:, 0, 0, :prompt_len] = torch.where(mask.bool(), 0.0, low).to(dtype)
+        self.pos = (position_ids[:, -1:] + 1).clone()  # (R, 1) position of the fed token
+        self.step = torch.zeros(1, dtype=torch.long, device=device)
+        self.logits = logits.contiguous()  # (R, V) float32
+        self.fed = torch.full((rows, 1), engine.pad_id, dtype=torch.long, device=device)
+        self.finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.alive = torch.ones(rows, dtype=torch.bool, device=device)
+        ids = [] if sampling.ignore_eos else engine.eos_ids
+        self.eos = torch.tensor(ids, dtype=torch.long, device=device)
+        self.responses = torch.full((rows, max_new), engine.pad_id, dtype=torch.long, device=device)
+        self.response_mask = torch.zeros(rows, max_new, dtype=torch.bool, device=device)
+        self.log_probs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
+
+    # ------------------------------------------------------------------ one step
+    def _record(self) -> None:
+        """Pick step ``self.step``'s tokens from ``self.logits`` and write them; every op in
+        place on the buffers, no host sync (so it can live in a graph)."""
+        token, token_logp = pick(self.logits, self.sampling, self.draws, self.step)
+        finished = self.finished
+        self.alive.copy_(~finished)
+        token = token.masked_fill(finished, self.engine.pad_id)
+        self.responses.index_copy_(1, self.step, token[:, None])
+        self.response_mask.index_copy_(1, self.step, self.alive[:, None])
+        self.log_probs.index_copy_(1, self.step, token_logp.masked_fill(finished, 0.0)[:, None])
+        finished |= (token[:, None] == self.eos[None, :]).any(dim=1)
+        self.fed.copy_(token[:, None])
+        self.step += 1
+
+    def _advance(self) -> None:
+        """Feed the last picked tokens (column ``col``, positions ``pos``), then pick the next."""
+        self.mask4d.index_fill_(3, self.col, 0.0)
+        self.logits.copy_(self.engine._forward(self.fed, self.mask4d, self.pos, self.cache))
+        self.col += 1
+        self.pos += 1
+        self._record()
+
+    def _capture(self) -> torch.cuda.CUDAGraph | None:
+        """Run one step eagerly on a side stream (the warm-up, a real step), then capture the
+        next one without running it. None (and a warning once) if capture fails."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._advance()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            # thread-local: another thread's CUDA call (a loader, a logger) cannot void it
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self._advance()
+        except Exception as err:  # any capture failure falls back to eager
+            warn_once(f"hf engine: CUDA graph capture failed ({err!r}); decoding eagerly")
+            torch.cuda.synchronize()
+            return None
+        return graph
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Decode to the end; ``(responses, response_mask, log_probs)`` as `HFEngine._sample`."""
+        stop = self.sampling.stop
+        tokenizer = self.engine.tokenizer
+        stop_width = max((len(s) for s in stop), default=0) + 1
+        graph = None
+
+        def after(t: int) -> bool:  # host work after step t; True = every row finished
+            if stop:
+                ends = torch.full((self.rows,), t + 1, dtype=torch.long, device=self.step.device)
+                self.finished |= stop_hits(
+                    tokenizer, self.responses, ends, self.alive, stop, stop_width
+                )
+            if t + 1 == self.max_new:
+                return True
+            return (bool(stop) or (t + 1) % self.check_every == 0) and bool(self.finished.all())
+
+        self._record()  # step 0 from the prefill's logits
+        done, t = 1, 1
+        ended = after(0)
+        while not ended and t < self.max_new:
+            if graph is not None:
+                graph.replay()
+            elif self.graphs and t == 1 and self.max_new >= 4:
+                graph = self._capture()  # runs step 1 eagerly and captures step 2 unrun
+                if graph is None:
+                    self.graphs = False
+            else:
+                self._advance()
+            done = t + 1
+            ended = after(t)
+            t += 1
+        steps = int(self.response_mask[:, :done].sum(dim=1).max()) if self.rows else 0
+        return (
+            self.responses[:, :steps],
+            self.response_mask[:, :steps],
+            self.log_probs[:, :steps],
+        )
+
+
+def static_sample(engine, input_ids, mask, position_ids, sampling, draws, first, inverse):
+    """`HFEngine._sample` on static buffers (and CUDA graphs) as ``engine.decode`` says, or None
+    where today's loop must run (``dynamic``, an unsupported model; said once)."""
+    mode = resolve_decode(engine.decode, input_ids.device)
+    if mode == "dynamic":
+        return None
+    dist = torch.distributed
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if mode == "graphs" and ranks > 1:  # a sharded forward's collectives stay out of graphs
+        warn_once("hf engine: no CUDA graphs with several ranks; static cache, eagerly")
+        mode = "static"
+    why = static_supported(engine.model)
+    if why is None:
+        try:
+            decode = StaticDecode(
+                engine, input_ids, mask, position_ids, sampling, draws, first, inverse,
+                graphs=mode == "graphs", check_every=engine.check_every,
+            )  # fmt: skip
+        except NotImplementedError as err:
+            why = str(err)
+    if why is not None:
+        warn_once(f"hf engine: static decode off ({why}); decoding with today's loop")
+        return None
+    return decode.run()
+
+
+class SessionKV:
+    """A multi-turn session's KV cache (`lmrl.rollout.hf.HFSession`) on preallocated buffers.
+
+    Every feed writes its W columns in place at the next free columns of (R, H, L, D) buffers
+    (doubled, copied once, when full) and attends through a 4D additive mask built from the
+    columns' validity, so no step concatenates the whole cache as ``DynamicCache`` does.
+    Eager: the session's loop looks at its rows on the host every step anyway.
+
+    Args:
+        engine: the `HFEngine`; ``cache``: its ``DynamicCache`` after the prefill (R rows);
+        attn: (R, P) the prompts' mask.
+    """
+
+    spare = 256  # free columns allocated past the prompts
+
+    def __init__(self, engine, cache, attn: torch.Tensor) -> None:
+        spare = self.spare
+        layer_cls = _dynamic_layer()
+        if not cache.layers or any(type(layer) is not layer_cls for layer in cache.layers):
+            raise NotImplementedError("the model's cache is not plain DynamicLayers")
+        self.engine, self.cache = engine, cache
+        rows, self.used = attn.shape
+        device = attn.device
+        self.cols = torch.arange(self.used, device=device)
+        self.valid = torch.zeros(rows, self.used + spare, dtype=torch.bool, device=device)
+        self.valid[:, : self.used] = attn.bool()
+        for i, layer in enumerate(cache.layers):
+            cache.layers[i] = _static_layer_class()(
+                self._grown(layer.keys, self.used + spare),
+                self._grown(layer.values, self.used + spare),
+                self.cols,
+            )
+
+    @staticmethod
+    def _grown(x: torch.Tensor, length: int) -> torch.Tensor:
+        out = x.new_zeros(*x.shape[:2], length, x.shape[3])
+        out[:, :, : x.shape[2]] = x
+        return out
+
+    def feed(self, ids: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor):
+        """Run (R, W) ``ids`` (``valid`` bool (R, W) marks real tokens) at ``positions`` through
+        the cache; the last column's logits (R, V) float32."""
+        rows, width = ids.shape
+        length = self.valid.shape[1]
+        if self.used + width > length:  # grow: double, or more if one feed needs it
+            length = max(2 * length, self.used + width)
+            grown = self.valid.new_zeros(rows, length)
+            grown[:, : self.valid.shape[1]] = self.valid
+            self.valid = grown
+            for layer in self.cache.layers:
+                layer.keys = self._grown(layer.keys, length)
+                layer.values = self._grown(layer.values, length)
+        cols = torch.arange(self.used, self.used + width, device=ids.device)
+        for layer in self.cache.layers:
+            layer.col = cols
+        self.valid[:, self.used : self.used + width] = valid
+        keys = torch.arange(length, device=ids.device)
+        allowed = self.valid[:, None, :] & (keys[None, None, :] <= cols[None, :, None])
+        dtype = self.cache.layers[0].keys.dtype
+        low = torch.finfo(dtype).min
+        mask4d = torch.zeros(allowed.shape, dtype=dtype, device=ids.device)
+        mask4d = mask4d.masked_fill(~allowed, low)[:, None]  # (R, 1, W, L)
+        self.used += width
+        return self.engine._forward(ids, mask4d, positions, self.cache)
+
+
+def session_kv(engine, cache, attn: torch.Tensor) -> SessionKV | None:
+    """A `SessionKV` over ``cache`` when ``engine.decode`` asks for a static cache (``static``,
+    or ``graphs`` on CUDA: sessions run it eagerly) and the model allows, else None."""
+    if resolve_decode(engine.decode, attn.device) == "dynamic":
+        return None
+    why = static_supported(engine.model)
+    if why is None:
+        try:
+            return SessionKV(engine, cache, attn)
+        except NotImplementedError as err:
+            why = str(err)
+    warn_once(f"hf engine: static session cache off ({why}); sessions use DynamicCache")
+    return None

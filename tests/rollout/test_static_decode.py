@@ -1,0 +1,327 @@
+"""The ``hf`` engine's static-cache decode (`lmrl.rollout.static`) against today's loop.
+
+On the CPU the static path runs eagerly: it must give the same tokens and masks as the
+``DynamicCache`` loop, and log-probs equal up to float32 reduction order (atol 1e-5: the static
+attention sums over the whole preallocated width, masked columns adding exact zeros). On CUDA
+(tests marked ``gpu``) the CUDA-graph replay must give the tokens of the eager static path.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from lmrl.models import apply_lora
+from lmrl.rollout import HFEngine, SamplingParams
+from lmrl.rollout import static as static_mod
+from lmrl.rollout.static import resolve_decode, static_supported
+
+EOS = 258
+TEXTS = ["hello", "a", "what is 2+2?"]
+ATOL = 1e-5
+
+
+def _both(model, tokenizer, prompts, n, sampling, *, modes=("dynamic", "static"), **kw):
+    return [
+        HFEngine(model, tokenizer, decode=mode, **kw).generate(prompts, n=n, sampling=sampling)
+        for mode in modes
+    ]
+
+
+def _same(a, b, atol=ATOL):
+    assert torch.equal(a["responses"], b["responses"])
+    assert torch.equal(a["response_mask"], b["response_mask"])
+    torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("check_every", [1, 3, 16])
+def test_static_equals_dynamic_with_eos(model, tokenizer, encode, logit_bias, check_every):
+    bias = torch.zeros(model.config.vocab_size)
+    bias[EOS] = 4.5  # EOS about one step in four: rows end apart
+    sampling = SamplingParams(max_new_tokens=12, seed=1)
+    with logit_bias(model, bias):
+        dyn, sta = _both(model, tokenizer, encode(TEXTS), 4, sampling, check_every=check_every)
+    lengths = dyn["response_mask"].sum(1)
+    assert lengths.min() < lengths.max()  # the case is not trivial
+    _same(dyn, sta)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_new_tokens=9, seed=2, ignore_eos=True),
+        SamplingParams(max_new_tokens=9, seed=3, temperature=0.7, top_k=30, top_p=0.9),
+        SamplingParams(max_new_tokens=9, do_sample=False),
+        SamplingParams(max_new_tokens=1, seed=4),
+        SamplingParams(max_new_tokens=2, seed=5),
+    ],
+    ids=["ignore_eos", "truncated", "greedy", "one_token", "two_tokens"],
+)
+def test_static_equals_dynamic(model, tokenizer, encode, logit_bias, sampling):
+    bias = torch.zeros(model.config.vocab_size)
+    bias[EOS] = 3.0
+    with logit_bias(model, bias):
+        dyn, sta = _both(model, tokenizer, encode(TEXTS), 3, sampling)
+    _same(dyn, sta)
+    if sampling.ignore_eos:
+        assert sta["response_mask"].all() and (sta["responses"] == EOS).any()
+
+
+def test_static_equals_dynamic_with_stop_strings(model, tokenizer, encode, logit_bias):
+    bias = torch.full((model.config.vocab_size,), -1e4)
+    bias[ord("a") : ord("z") + 1] = 0.0  # letters only: one character per token
+    prompts = encode([*TEXTS, "xyz"])
+    with logit_bias(model, bias):
+        free = HFEngine(model, tokenizer, decode="static").generate(
+            prompts, sampling=SamplingParams(max_new_tokens=20, seed=3)
+        )
+        stop = tokenizer.batch_decode(free["responses"])[0][5:7]
+        sampling = SamplingParams(max_new_tokens=20, seed=3, stop=[stop, "#"])
+        dyn, sta = _both(model, tokenizer, prompts, 2, sampling)
+    assert sta["response_mask"].sum(1).min() < 20  # some row stopped
+    _same(dyn, sta)
+
+
+def test_shared_prefill_and_micro_batches(model, tokenizer, encode):
+    sampling = SamplingParams(max_new_tokens=8, seed=6)
+    prompts = encode([TEXTS[0], TEXTS[2], TEXTS[0]])  # a repeated prompt too
+    dyn, sta = _both(model, tokenizer, prompts, 4, sampling)
+    _same(dyn, sta)
+    (small,) = _both(model, tokenizer, prompts, 4, sampling, modes=("static",), micro_batch_size=5)
+    _same(sta, small)
+
+
+def test_static_equals_dynamic_with_lora(model, tokenizer, encode):
+    model = apply_lora(model, lora_rank=4)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
+    sampling = SamplingParams(temperature=0.7, max_new_tokens=8, seed=4)
+    dyn, sta = _both(model, tokenizer, encode(TEXTS), 2, sampling)
+    _same(dyn, sta)
+
+
+def test_eager_attention_and_bf16(model, tokenizer, encode):
+    model.config._attn_implementation = "eager"
+    dyn, sta = _both(model, tokenizer, encode(TEXTS), 2, SamplingParams(max_new_tokens=6, seed=7))
+    _same(dyn, sta)
+    model = model.to(torch.bfloat16)
+    dyn, sta = _both(model, tokenizer, encode(TEXTS), 2, SamplingParams(max_new_tokens=6, seed=7))
+    assert dyn["responses"].shape == sta["responses"].shape  # bf16: shapes, not bits
+
+
+class _FakeGraph:
+    """Stands in for a captured CUDA graph on the CPU: replay = one eager step."""
+
+    def __init__(self, decode):
+        self.decode, self.replays = decode, 0
+
+    def replay(self):
+        self.replays += 1
+        self.decode._advance()
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        SamplingParams(max_new_tokens=12, seed=1),
+        SamplingParams(max_new_tokens=12, seed=1, stop=["e", "q"]),
+        SamplingParams(max_new_tokens=4, seed=2, ignore_eos=True),
+        SamplingParams(max_new_tokens=3, seed=2),
+    ],
+    ids=["eos", "stop", "four", "three"],
+)
+def test_graph_loop_replays_each_step_once(
+    model, tokenizer, encode, logit_bias, monkeypatch, sampling
+):
+    """The loop around the graph (warm-up step, capture, replays, host checks) on the CPU: a
+    fake capture runs its warm-up step eagerly and returns a graph whose replay is a step."""
+    graphs = []
+
+    def capture(self):
+        self._advance()  # the real capture's warm-up step; the captured one does not run
+        graphs.append(_FakeGraph(self))
+        return graphs[-1]
+
+    monkeypatch.setattr(static_mod.StaticDecode, "_capture", capture)
+    monkeypatch.setattr(static_mod, "resolve_decode", lambda mode, device: mode)
+    bias = torch.zeros(model.config.vocab_size)
+    bias[EOS] = 3.0
+    with logit_bias(model, bias):
+        dyn, gra = _both(model, tokenizer, encode(TEXTS), 3, sampling, modes=("dynamic", "graphs"))
+    _same(dyn, gra)
+    steps = dyn["responses"].shape[1]
+    if sampling.max_new_tokens >= 4:
+        # steps 0 (prefill logits) and 1 (warm-up) run outside the graph; the host may let it
+        # run up to check_every steps past the last row's end
+        assert len(graphs) == 1 and steps - 2 <= graphs[0].replays <= sampling.max_new_tokens - 2
+    else:
+        assert not graphs
+
+
+def test_modes_and_fallbacks(model, caplog):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_decode("auto", cpu) == resolve_decode("auto", cuda) == "dynamic"
+    assert resolve_decode("static", cpu) == "static"
+    with caplog.at_level(logging.WARNING, logger="lmrl.rollout.static"):
+        static_mod._WARNED.clear()
+        assert resolve_decode("graphs", cpu) == "dynamic"
+        assert resolve_decode("graphs", cpu) == "dynamic"
+    assert sum("needs CUDA" in r.message for r in caplog.records) == 1  # said once
+    with pytest.raises(ValueError, match="decode must be one of"):
+        HFEngine(model, decode="fast")
+    assert static_supported(model) is None
+    model.config._attn_implementation = "flash_attention_2"
+    assert "4D" in static_supported(model)
+
+
+def _session_turns(model, tokenizer, prompts, sampling, mode, stop=()):
+    session = HFEngine(model, tokenizer, decode=mode).open_session(prompts, 2, sampling)
+    assert (session.kv is None) == (mode == "dynamic")
+    rows = torch.ones(6, dtype=torch.bool)
+    turns = [session.generate(rows, list(stop), torch.full((6,), 5))]
+    session.append({0: [5, 6, 7], 3: [9], 4: []})
+    turns.append(session.generate(rows & (torch.arange(6) != 2), list(stop), torch.full((6,), 4)))
+    session.append({r: [11 + r] * (r + 1) for r in range(6)})
+    turns.append(session.generate(rows, list(stop), torch.full((6,), 7)))
+    session.close()
+    return turns
+
+
+def _same_turns(a, b):
+    for turn_a, turn_b in zip(a, b, strict=True):
+        for (tok_a, lp_a, why_a), (tok_b, lp_b, why_b) in zip(turn_a, turn_b, strict=True):
+            assert tok_a == tok_b and why_a == why_b
+            torch.testing.assert_close(torch.tensor(lp_a), torch.tensor(lp_b), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("spare", [256, 2])  # 2: the buffers grow during the session
+def test_static_session_equals_dynamic(model, tokenizer, encode, logit_bias, monkeypatch, spare):
+    monkeypatch.setattr(static_mod.SessionKV, "spare", spare)
+    bias = torch.zeros(model.config.vocab_size)
+    bias[EOS] = 3.0  # some turns end at EOS
+    sampling = SamplingParams(max_new_tokens=6, seed=8)
+    with logit_bias(model, bias):
+        dyn, sta = (
+            _session_turns(model, tokenizer, encode(TEXTS), sampling, mode)
+            for mode in ("dynamic", "static")
+        )
+    assert {why for turn in dyn for _, _, why in turn} >= {"eos", "length"}
+    _same_turns(dyn, sta)
+
+
+def test_static_session_with_stop_strings(model, tokenizer, encode, logit_bias):
+    bias = torch.full((model.config.vocab_size,), -1e4)
+    bias[ord("a") : ord("e") + 1] = 0.0  # five letters: stops come soon
+    sampling = SamplingParams(max_new_tokens=6, seed=9)
+    with logit_bias(model, bias):
+        dyn, sta = (
+            _session_turns(model, tokenizer, encode(TEXTS), sampling, mode, stop=["ab", "c"])
+            for mode in ("dynamic", "static")
+        )
+    assert "stop" in {why for turn in dyn for _, _, why in turn}
+    _same_turns(dyn, sta)
+
+
+# ---------------------------------------------------------------------------------- CUDA
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _captured(monkeypatch) -> list:
+    seen = []
+    capture = static_mod.StaticDecode._capture
+
+    def spy(self):
+        graph = capture(self)
+        seen.append(graph is not None)
+        return graph
+
+    monkeypatch.setattr(static_mod.StaticDecode, "_capture", spy)
+    return seen
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graphs_equal_eager(model, tokenizer, encode, logit_bias, monkeypatch, dtype):
+    model = model.to("cuda", dtype)
+    seen = _captured(monkeypatch)
+    bias = torch.zeros(model.config.vocab_size, device="cuda", dtype=dtype)
+    bias[EOS] = 3.0
+    for sampling in (
+        SamplingParams(max_new_tokens=40, seed=1),
+        SamplingParams(max_new_tokens=24, seed=2, ignore_eos=True, top_p=0.9, top_k=50),
+        SamplingParams(max_new_tokens=16, do_sample=False),
+    ):
+        with logit_bias(model, bias):
+            outs = _both(
+                model, tokenizer, encode(TEXTS), 4, sampling, modes=("static", "graphs", "dynamic")
+            )
+        sta, gra, dyn = outs
+        _same(sta, gra, atol=1e-6 if dtype == torch.float32 else 1e-3)
+        if dtype == torch.float32:  # bf16: the cache widths change the sums' rounding
+            _same(dyn, gra, atol=1e-4)
+    assert seen and all(seen)  # every call captured a graph, none fell back
+
+
+@gpu
+@needs_cuda
+def test_cuda_graphs_with_stop_strings(model, tokenizer, encode, logit_bias, monkeypatch):
+    model = model.to("cuda")
+    seen = _captured(monkeypatch)
+    bias = torch.full((model.config.vocab_size,), -1e4, device="cuda")
+    bias[ord("a") : ord("z") + 1] = 0.0
+    prompts = encode([*TEXTS, "xyz"])
+    with logit_bias(model, bias):
+        free = HFEngine(model, tokenizer, decode="static").generate(
+            prompts, sampling=SamplingParams(max_new_tokens=20, seed=3)
+        )
+        stop = tokenizer.batch_decode(free["responses"])[0][5:7]
+        sampling = SamplingParams(max_new_tokens=20, seed=3, stop=[stop])
+        sta, gra = _both(model, tokenizer, prompts, 2, sampling, modes=("static", "graphs"))
+    _same(sta, gra, atol=1e-6)
+    assert seen and all(seen)
+
+
+@gpu
+@needs_cuda
+def test_cuda_sessions_static_equal_dynamic(model, tokenizer, encode):
+    model = model.to("cuda")
+    sampling = SamplingParams(max_new_tokens=6, seed=8)
+    dyn, sta = (
+        _session_turns(model, tokenizer, encode(TEXTS), sampling, mode)
+        for mode in ("dynamic", "graphs")  # graphs on CUDA: the static session cache
+    )
+    _same_turns(dyn, sta)
+
+
+def test_config_keys_reach_the_engine():
+    from lmrl.config import ConfigError, load_config
+    from lmrl.rollout.engines import engine_options
+
+    cfg = load_config(
+        overrides=["rollout.hf.decode=static", "rollout.hf.check_every=4"], required=()
+    )
+    assert engine_options(cfg) == {"decode": "static", "check_every": 4}
+    assert engine_options(load_config(required=()))["decode"] == "auto"
+    with pytest.raises(ConfigError):
+        load_config(overrides=["rollout.hf.decode=fast"], required=())
+
+
+def test_a_static_layer_stores_in_its_buffers_dtype():
+    """Under autocast, transformers 5.17's prefill cache holds values in the keys' dtype (fp32
+    after the rotary embedding) while a decode step's values come out bf16: the static layer
+    writes each step in its buffers' dtypes, as concatenating onto the prefill's cache does."""
+    from lmrl.rollout.static import _static_layer_class
+
+    keys, values = torch.zeros(2, 1, 4, 3), torch.zeros(2, 1, 4, 3)
+    col = torch.tensor([1])
+    layer = _static_layer_class()(keys, values, col)
+    k, v = torch.ones(2, 1, 1, 3), torch.full((2, 1, 1, 3), 0.5, dtype=torch.bfloat16)
+    out_k, out_v = layer.update(k, v, 0)
+    assert out_k.dtype == out_v.dtype == torch.float32
+    assert torch.equal(out_v[:, :, 1], torch.full((2, 1, 3), 0.5)) and out_v[:, :, 0].eq(0).all()
