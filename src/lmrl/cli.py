@@ -95,6 +95,52 @@ def _train(args: argparse.Namespace) -> int:
     return _config_command(args, TRAIN_USAGE, format_help, load_config, build)
 
 
+def _plan_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, default=None, help="a YAML config (or give it first)")
+    p.add_argument("--device-memory", default=None, metavar="SIZE",
+                   help="memory of one device (80GiB, 80GB, 512MiB): does it fit, and the "
+                   "largest micro-batch that does")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def _plan(args: argparse.Namespace) -> int:
+    """``lmrl plan [CONFIG] key=value ... [--device-memory SIZE] [--json]``: the memory plan
+    of `lmrl.trainer.plan`, from the config and the models' config.json alone."""
+    import json
+
+    from lmrl.models.memory import parse_size
+
+    rest = argparse.ArgumentParser(prog="lmrl plan")
+    _plan_options(rest)
+    rest.add_argument("overrides", nargs="*")
+    more = rest.parse_intermixed_args(args.overrides)
+    for name in ("config", "device_memory"):
+        if getattr(more, name) is not None:
+            setattr(args, name, getattr(more, name))
+    args.json = args.json or more.json
+    config, overrides = args.config, list(more.overrides)
+    if config is None and overrides and "=" not in overrides[0]:  # lmrl plan run.yaml k=v
+        config, overrides = Path(overrides[0]), overrides[1:]
+    device_memory = None
+    if args.device_memory is not None:
+        try:
+            device_memory = parse_size(args.device_memory)
+        except ValueError as err:
+            raise LmrlError(f"--device-memory: {err}") from None
+    from lmrl.trainer.plan import load_plan_config, plan_memory
+
+    cfg = load_plan_config(config, overrides)
+    plan = plan_memory(cfg, device_memory)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=1))
+        return 0
+    from rich.console import Console
+
+    Console(width=max(Console().width, 100)).print(plan.table())
+    print(plan.summary())
+    return 0
+
+
 def _config_command(args: argparse.Namespace, usage: str, format_help, load, build) -> int:
     """A command that runs one program on the run loop (``lmrl train``, ``lmrl sft``,
     ``lmrl train-flow``): ``--help`` prints ``usage`` and the keys; otherwise every config
@@ -281,6 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-h", "--help", action="store_true", help="list every config key")
     p.add_argument("overrides", nargs="*", metavar="key=value")
     p.set_defaults(func=_train)
+
+    p = sub.add_parser(
+        "plan", help="peak device memory of each phase of a run, before any weights load"
+    )
+    _plan_options(p)
+    # options may follow the config and the keys: the rest is parsed again by `_plan`
+    p.add_argument("overrides", nargs=argparse.REMAINDER, metavar="[CONFIG] key=value ...")
+    p.set_defaults(func=_plan)
 
     p = sub.add_parser("eval", help="validation alone on a checkpoint")
     p.add_argument(
