@@ -331,7 +331,9 @@ def test_the_defaults_are_fp32_on_a_cpu_and_bf16_over_fp32_masters_on_a_gpu(monk
     pure = Precision.from_config(_model("bfloat16", param_dtype="bfloat16"), "cuda")
     assert not pure.mixed and pure.master == torch.bfloat16 and pure.reduce == torch.float32
     assert Precision.from_config(_model("bfloat16"), "cpu").compute == torch.bfloat16  # pure
-    assert Precision.from_config(_model("float64"), "cpu").reduce == torch.float64
+    exact = Precision.from_config(_model("float64"), "cpu")  # exactness checks: no autocast
+    assert not exact.mixed and exact.compute == exact.reduce == torch.float64
+    assert not Precision.from_config(_model("float64"), "cuda").mixed
 
 
 @pytest.mark.parametrize(

@@ -85,8 +85,8 @@ class Precision:
         if mp.param_dtype == "auto":
             bf16 = device_type == "cuda" and torch.cuda.is_bf16_supported()
             compute = torch.bfloat16 if bf16 else torch.float32
-            if compute.itemsize >= master.itemsize:
-                compute = master
+            if compute.itemsize >= master.itemsize or master == torch.float64:
+                compute = master  # float64 masters are exactness checks: float64 throughout
         else:
             compute = DTYPES[mp.param_dtype]
         if compute != master and compute.itemsize >= master.itemsize:
