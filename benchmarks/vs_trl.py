@@ -149,8 +149,9 @@ def peak_rss_mb() -> float:
 
 
 # ------------------------------------------------------------------------------ lmrl side
-def lmrl_trainer(s: Setting, work: Path):
-    """lmrl's ``Trainer`` for setting ``s`` (the public API, as ``lmrl train`` builds it)."""
+def lmrl_trainer(s: Setting, work: Path, extra: tuple[str, ...] = ()):
+    """lmrl's ``Trainer`` for setting ``s`` (the public API, as ``lmrl train`` builds it);
+    ``extra`` overrides come last (benchmarks/precision_step.py's dtypes and device)."""
     from lmrl.config import load_config
     from lmrl.trainer import Trainer, build_run
 
@@ -192,6 +193,7 @@ def lmrl_trainer(s: Setting, work: Path):
         f"trainer.default_local_dir={work / 'runs' / f'lmrl-{s.size}-{s.kl}-{os.getpid()}'}",
         "trainer.device=cpu",
         f"trainer.seed={s.seed}",
+        *extra,
     ]
     cfg = load_config(None, overrides)
     return Trainer(build_run(cfg), cfg.trainer)

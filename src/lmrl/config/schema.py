@@ -98,8 +98,9 @@ class MixedPrecisionConfig:
     param_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"] = opt(
         "auto",
         "Compute dtype. auto = bfloat16 on a GPU that supports it (verl's default), float32 "
-        "on a CPU: bf16 on most CPUs is slower than fp32 (no bf16 matmul units) and noisier, "
-        "so it is there for tests and parity checks; float16 adds dynamic loss scaling (GPU "
+        "on a CPU: fp32 is the exact reference there, and bf16 is noisier and slower on CPUs "
+        "without bf16 matmul units (benchmarks/precision_step.py measures yours); float16 "
+        "adds dynamic loss scaling (GPU "
         "only). Equal to model.dtype = no mixed precision (model.dtype=bfloat16 with "
         "param_dtype=bfloat16 is pure bf16).",
     )
