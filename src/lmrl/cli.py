@@ -92,7 +92,22 @@ def _train(args: argparse.Namespace) -> int:
 
         return Trainer(build_run(cfg), cfg.trainer)
 
-    return _config_command(args, TRAIN_USAGE, format_help, load_config, build)
+    return _config_command(args, TRAIN_USAGE, format_help, load_config, build, _oom_plan)
+
+
+def _oom_plan(cfg) -> str:
+    """What `lmrl plan` says of ``cfg`` on this device, for an out-of-memory error."""
+    import torch
+
+    from lmrl.trainer.plan import plan_memory
+
+    total = None
+    if cfg.trainer.device != "cpu" and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    try:
+        return plan_memory(cfg, total).summary()
+    except Exception as err:  # the plan must never hide the error it explains
+        return f"(no memory plan: {err})"
 
 
 def _plan_options(p: argparse.ArgumentParser) -> None:
@@ -141,12 +156,17 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _config_command(args: argparse.Namespace, usage: str, format_help, load, build) -> int:
+def _config_command(
+    args: argparse.Namespace, usage: str, format_help, load, build, oom_plan=None
+) -> int:
     """A command that runs one program on the run loop (``lmrl train``, ``lmrl sft``,
     ``lmrl train-flow``): ``--help`` prints ``usage`` and the keys; otherwise every config
     error comes before any model loads, then ``build(cfg)`` makes the program, which runs to
-    its end; the exit code is 130/143 when a signal stopped it (saved, resumable)."""
+    its end; the exit code is 130/143 when a signal stopped it (saved, resumable). An
+    out-of-memory error is one line that quotes ``oom_plan(cfg)`` (`lmrl plan`'s summary)."""
     import logging
+
+    import torch
 
     from lmrl.logging.configure import configure_logging
 
@@ -156,8 +176,14 @@ def _config_command(args: argparse.Namespace, usage: str, format_help, load, bui
         return 0
     configure_logging(logging.INFO)
     cfg = load(args.config, args.overrides)
-    program = build(cfg)
-    program.fit()
+    try:
+        program = build(cfg)
+        program.fit()
+    except torch.OutOfMemoryError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
+        plan = f"; {oom_plan(cfg)}; `lmrl plan` with the same keys shows every phase" if (
+            oom_plan is not None) else ""  # fmt: skip
+        raise LmrlError(f"out of memory: {first}{plan}") from err
     print(f"run directory: {program.run_dir}")
     if program.exit_code == 0 and (program.run_dir / "final").is_dir():
         print(f"model: {program.run_dir / 'final'}")

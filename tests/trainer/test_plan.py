@@ -257,3 +257,21 @@ def test_pure_bf16_and_auto_dtypes(models):
     assert gpu["masters"] == 4 * params and 0 < gpu["params"] < 2 * params
     cpu, _ = update("trainer.device=cpu")
     assert cpu["masters"] == 0 and cpu["params"] == 4 * params
+
+
+def test_an_out_of_memory_in_a_run_is_one_line_quoting_the_plan(
+    tiny_workspace, tiny_overrides, tmp_path, capsys, monkeypatch
+):
+    """`lmrl train` that runs out of memory mid-step: exit 2, torch's first line and the memory
+    plan's summary, no traceback."""
+    from lmrl.workers.actor import ActorWorker
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
+    monkeypatch.setattr(ActorWorker, "update_actor", oom)
+    code = main(["train", *tiny_overrides(tiny_workspace, tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB; memory plan: peak" in err
+    assert "`lmrl plan` with the same keys" in err and "Traceback" not in err
