@@ -325,3 +325,10 @@ def test_config_from_a_dict_in_verls_layout():
     )
     assert (cfg.actor.clip_ratio, cfg.actor.ppo_epochs, cfg.model.path) == (0.3, 2, "/m")
     assert cfg.critic.model.path == "/m"
+
+
+def test_a_rollout_dtype_copy_under_fsdp2_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"rollout.dtype=bfloat16 with actor.strategy=fsdp2"):
+        load_config(None, [*BASE, "trainer.backend=ray", "actor.strategy=fsdp2",
+                           "rollout.dtype=bfloat16"])  # fmt: skip
+    load_config(None, [*BASE, "trainer.backend=ray", "actor.strategy=ddp", "rollout.dtype=bfloat16"])

@@ -310,6 +310,11 @@ def check_rollout(c: Config, f: Findings) -> None:
         )
     if c.rollout.name == "vllm":
         _vllm(c, f)
+    elif c.rollout.dtype and c.trainer.backend == "ray" and "fsdp" in c.actor.strategy:
+        f.errors.append(
+            f"rollout.dtype={c.rollout.dtype} with actor.strategy=fsdp2 is not supported yet (the "
+            "hf engine's copy is of the actor's full weights on each rank); use actor.strategy=ddp"
+        )
 
 
 def _multi_turn(c: Config, f: Findings) -> None:
