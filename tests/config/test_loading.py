@@ -331,4 +331,6 @@ def test_a_rollout_dtype_copy_under_fsdp2_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"rollout.dtype=bfloat16 with actor.strategy=fsdp2"):
         load_config(None, [*BASE, "trainer.backend=ray", "actor.strategy=fsdp2",
                            "rollout.dtype=bfloat16"])  # fmt: skip
-    load_config(None, [*BASE, "trainer.backend=ray", "actor.strategy=ddp", "rollout.dtype=bfloat16"])
+    load_config(
+        None, [*BASE, "trainer.backend=ray", "actor.strategy=ddp", "rollout.dtype=bfloat16"]
+    )
