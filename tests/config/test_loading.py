@@ -327,10 +327,10 @@ def test_config_from_a_dict_in_verls_layout():
     assert cfg.critic.model.path == "/m"
 
 
-def test_a_rollout_dtype_copy_under_fsdp2_is_refused_in_one_line():
-    with pytest.raises(ConfigError, match=r"rollout.dtype=bfloat16 with actor.strategy=fsdp2"):
-        load_config(None, [*BASE, "trainer.backend=ray", "actor.strategy=fsdp2",
-                           "rollout.dtype=bfloat16"])  # fmt: skip
+@pytest.mark.parametrize("engine", ["rollout.dtype=bfloat16", "rollout.name=vllm"])
+def test_an_engine_with_its_own_copy_under_fsdp2_is_refused_in_one_line(engine):
+    with pytest.raises(ConfigError, match=rf"{re.escape(engine)} with actor.strategy=fsdp2"):
+        load_config(None, [*BASE, "trainer.backend=ray", "actor.strategy=fsdp2", engine])
     load_config(
         None, [*BASE, "trainer.backend=ray", "actor.strategy=ddp", "rollout.dtype=bfloat16"]
     )

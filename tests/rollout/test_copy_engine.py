@@ -16,16 +16,8 @@ TEXTS = ["hello", "a", "what is 2+2?"]
 
 def _gap(model, out) -> torch.Tensor:
     """|actor log-prob - rollout log-prob| over the response tokens of ``out``."""
-    prompt_len = out["prompts"].shape[1]
-    with torch.no_grad():
-        logits = model(
-            input_ids=out["input_ids"],
-            attention_mask=out["attention_mask"].long(),
-            position_ids=out["position_ids"],
-        ).logits[:, prompt_len - 1 : -1]
-    actor = torch.log_softmax(logits.float(), -1).gather(-1, out["responses"][..., None])[..., 0]
-    mask = out["response_mask"]
-    return (actor - out["rollout_log_probs"])[mask].abs()
+    actor, _ = compute_log_probs(model, out, micro_batch_size=len(out))
+    return (actor - out["rollout_log_probs"])[out["response_mask"]].abs()
 
 
 def test_the_engine_copies_only_for_another_dtype(model, tokenizer):

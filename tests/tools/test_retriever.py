@@ -59,14 +59,28 @@ def http_server(answer) -> Iterator[str]:
 
 
 @contextlib.contextmanager
+def tcp_server(serve: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
+    """The URL of a TCP server on 127.0.0.1 whose thread runs ``serve(listener, stop)``;
+    on exit ``stop`` is set and the listener closed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(listener, stop), daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/retrieve"
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(2)
+
+
+@contextlib.contextmanager
 def raw_server(greeting: bytes | None) -> Iterator[str]:
     """A TCP server that sends ``greeting`` on accept (an SSH banner), or None: says nothing
     and never answers (a hung server); it holds each connection until it closes."""
-    listener = socket.create_server(("127.0.0.1", 0))
     held: list[socket.socket] = []
-    stop = threading.Event()
 
-    def serve():
+    def serve(listener, stop):
         listener.settimeout(0.1)
         while not stop.is_set():
             try:
@@ -79,14 +93,10 @@ def raw_server(greeting: bytes | None) -> Iterator[str]:
             if greeting is not None:
                 conn.sendall(greeting)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
     try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/retrieve"
+        with tcp_server(serve) as url:
+            yield url
     finally:
-        stop.set()
-        thread.join()
-        listener.close()
         for conn in held:
             conn.close()
 
@@ -107,10 +117,8 @@ def down_server() -> Iterator[str]:
 def trickle_server() -> Iterator[str]:
     """A server that sends a 200's headers, then its body a byte every 0.1 s (each read is
     quick: only a bound on the whole answer stops it)."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    stop = threading.Event()
 
-    def serve():
+    def serve(listener, stop):
         conn, _ = listener.accept()
         with conn:
             conn.recv(65536)
@@ -118,33 +126,21 @@ def trickle_server() -> Iterator[str]:
             while not stop.wait(0.1):
                 conn.sendall(b" ")
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/retrieve"
-    finally:
-        stop.set()
-        listener.close()
-        thread.join(2)
+    with tcp_server(serve) as url:
+        yield url
 
 
 @contextlib.contextmanager
 def closing_server() -> Iterator[str]:
     """A server that reads the request and closes the connection without a word."""
-    listener = socket.create_server(("127.0.0.1", 0))
 
-    def serve():
+    def serve(listener, stop):
         conn, _ = listener.accept()
         with conn:
             conn.recv(65536)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/retrieve"
-    finally:
-        listener.close()
-        thread.join(2)
+    with tcp_server(serve) as url:
+        yield url
 
 
 def not_utf8(body):

@@ -310,10 +310,13 @@ def check_rollout(c: Config, f: Findings) -> None:
         )
     if c.rollout.name == "vllm":
         _vllm(c, f)
-    elif c.rollout.dtype and c.trainer.backend == "ray" and "fsdp" in c.actor.strategy:
+    # vLLM, and the hf engine in another dtype, hold a copy of the actor's full weights per rank
+    own_copy = "rollout.name=vllm" if c.rollout.name == "vllm" else (
+        c.rollout.dtype and f"rollout.dtype={c.rollout.dtype}")  # fmt: skip
+    if own_copy and c.trainer.backend == "ray" and "fsdp" in c.actor.strategy:
         f.errors.append(
-            f"rollout.dtype={c.rollout.dtype} with actor.strategy=fsdp2 is not supported yet (the "
-            "hf engine's copy is of the actor's full weights on each rank); use actor.strategy=ddp"
+            f"{own_copy} with actor.strategy=fsdp2 is not supported yet (the engine copies the "
+            "actor's full weights on each rank); use actor.strategy=ddp"
         )
 
 
@@ -399,11 +402,6 @@ def _vllm(c: Config, f: Findings) -> None:
         f.errors.append(
             f"rollout.vllm.max_model_len={v['max_model_len']} is shorter than "
             f"data.max_prompt_length + data.max_response_length = {needed}"
-        )
-    if c.trainer.backend == "ray" and "fsdp" in c.actor.strategy:
-        f.errors.append(
-            "rollout.name=vllm with actor.strategy=fsdp2 is not supported yet (the engine "
-            "copies the actor's full weights on each rank); use actor.strategy=ddp"
         )
 
 

@@ -30,12 +30,6 @@ from lmrl.rollout.hf import HFEngine
 __all__ = ["CopyEngine"]
 
 
-def _full(t: torch.Tensor) -> torch.Tensor:
-    """A tensor's full value: an FSDP2 shard (DTensor) is gathered, a plain tensor returned."""
-    full = getattr(t, "full_tensor", None)
-    return full() if callable(full) else t
-
-
 class CopyEngine(RolloutEngine):
     """Generation with a ``dtype`` copy of ``model``, synced from it whenever it changed.
 
@@ -47,7 +41,8 @@ class CopyEngine(RolloutEngine):
 
     Attributes:
         sync_count: copies made (the first at construction).
-        inner: the `HFEngine` over the copy.
+        inner: the `HFEngine` over the copy; what else an engine is read for (``tokenizer``,
+            ``eos_ids``, ``pad_id``, ``seeds``, ``micro_batch_size``) is its.
     """
 
     shares_weights = False
@@ -61,12 +56,15 @@ class CopyEngine(RolloutEngine):
         for p in self.copy.parameters():
             p.requires_grad_(False)
         self.inner = HFEngine(self.copy, tokenizer, **options)
-        self.tokenizer = tokenizer
-        self.eos_ids, self.pad_id = self.inner.eos_ids, self.inner.pad_id
-        self.micro_batch_size = self.inner.micro_batch_size
-        self.seeds = self.inner.seeds
         self.sync_count = 1
         self._synced = self._versions()
+
+    def __getattr__(self, name: str):
+        # what the agent loop reads of an engine (tokenizer, eos_ids, pad_id, seeds,
+        # micro_batch_size) is the inner engine's
+        if name == "inner":  # not set yet (during __init__): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     def _versions(self) -> tuple[int, ...]:
         return (weights_version(self.source), *(p._version for p in self.source.parameters()))
@@ -86,7 +84,7 @@ class CopyEngine(RolloutEngine):
         """
         with torch.no_grad():
             if state_dict is None:
-                state_dict = {k: _full(v.detach()) for k, v in self.source.state_dict().items()}
+                state_dict = self.source.state_dict()  # never sharded: fsdp2 is refused
             self.copy.load_state_dict(state_dict, strict=strict)
         self._synced = self._versions()
         self.sync_count += 1

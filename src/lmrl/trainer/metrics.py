@@ -13,6 +13,7 @@ from contextlib import contextmanager
 
 import torch
 
+from lmrl.algos.kl import k3
 from lmrl.algos.masked import masked_mean, masked_var, zero_outside
 from lmrl.batch import Batch, response_tokens_mask
 from lmrl.rollout.agent import AGENT_KEYS
@@ -265,22 +266,22 @@ def engine_gap(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
                mask: torch.Tensor) -> dict[str, torch.Tensor]:  # fmt: skip
     """The engine's gap from the trainer over the response tokens: ``rollout/
     actor_logprob_abs_diff`` (mean |old - rollout|) and its ``_max``, ``rollout/mismatch_k3``
-    (the training-inference KL(pi_rollout || pi_old) by k3 = (r - 1) - log r, r = pi_old /
-    pi_rollout, on the engine's samples) and ``rollout/ratio_outside_frac`` (the fraction of
+    (the training-inference KL(pi_rollout || pi_old) by `lmrl.algos.kl.k3` on the engine's
+    samples, as rollout correction's ``mismatch_k3``) and ``rollout/ratio_outside_frac`` (the fraction of
     tokens whose r leaves [0.9, 1.1], the measure verl users compare).
 
     Args:
         old_log_probs, rollout_log_probs: (B, T) the actor's and the engine's log-probs of the
             sampled tokens; mask: (B, T) bool response mask.
     """
-    diff = old_log_probs.float() - rollout_log_probs.float()
-    gap = diff.abs()
-    ratio = diff.exp()
+    old, rollout = old_log_probs.float(), rollout_log_probs.float()
+    log_ratio = old - rollout
+    gap, ratio = log_ratio.abs(), log_ratio.exp()
     return {
         "rollout/actor_logprob_abs_diff": masked_mean(gap, mask),
         "rollout/actor_logprob_abs_diff_max": zero_outside(gap, mask).max()
         if gap.numel()
         else gap.new_zeros(()),
-        "rollout/mismatch_k3": masked_mean(ratio - 1 - diff, mask),
+        "rollout/mismatch_k3": masked_mean(k3(rollout, old), mask),  # rollout_correction's
         "rollout/ratio_outside_frac": masked_mean(((ratio < 0.9) | (ratio > 1.1)).float(), mask),
     }
