@@ -657,3 +657,12 @@ def test_tiny_model_prints_next_commands_that_load(tmp_path, capsys):
     cfg = load_config(None, rl)
     assert cfg.actor.optim.lr == 1e-4 and cfg.data.max_response_length == 8
     assert cfg.rollout.temperature == 0.7
+
+
+def test_pretrain_flow_help_shows_its_defaults(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["pretrain-flow", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal
+    assert exit_.value.code == 0
+    assert "(default: 400; `lmrl demo --task flow` pre-trains 150)" in out
+    assert "(default: 64)" in out and "(default: 0.002)" in out

@@ -217,9 +217,11 @@ def _train_flow(args: argparse.Namespace) -> int:
 
     usage = (
         "usage: lmrl train-flow [--config FILE.yaml] key=value ...\n\n"
-        "Flow-GRPO: RL of a flow-matching image model (model.path: a directory written by "
-        "`lmrl pretrain-flow`\nor `lmrl demo --task flow`; data: `lmrl tasks shapes`). "
-        "The keys, their defaults and docs follow.\n"
+        "Flow-GRPO: RL of a flow-matching image model. model.path: a diffusers\n"
+        "StableDiffusion3Pipeline directory (SD3, SD3.5; text prompts from Flow-GRPO's train.txt or\n"
+        "train_metadata.jsonl), or lmrl's small image model written by `lmrl pretrain-flow` or\n"
+        "`lmrl demo --task flow` (data: `lmrl tasks shapes`). The keys, their defaults and docs "
+        "follow.\n"
     )
     return _config_command(args, usage, format_flow_help, load_flow_config, build)
 
@@ -252,6 +254,49 @@ def _pretrain_flow(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; model: {args.out}")
     return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    """``lmrl sweep [CONFIG] key=value ... --grid k=v1,v2 ...``: short trials of every grid
+    point (or ``--samples N`` random ones), ranked, the best ``lmrl train`` command printed
+    (`lmrl.trainer.sweep`)."""
+    import logging
+    import time
+
+    from lmrl.logging.configure import configure_logging
+
+    configure_logging(logging.INFO if args.backend == "local" else logging.WARNING)
+    config, overrides = args.config, list(args.overrides)
+    if config is None and overrides and "=" not in overrides[0]:  # lmrl sweep run.yaml k=v
+        config, overrides = Path(overrides[0]), overrides[1:]
+    out = args.out or Path("sweeps") / time.strftime("sweep-%Y%m%d-%H%M%S")
+    if args.cpus_per_trial < 1 or args.gpus_per_trial < 0:
+        raise LmrlError("--cpus-per-trial must be >= 1 and --gpus-per-trial >= 0")
+    from lmrl.trainer.sweep import format_table, plan_sweep, run_sweep, table_rows
+
+    sweep = plan_sweep(
+        config, overrides, args.grid or [], out=out, samples=args.samples, steps=args.steps,
+        test_freq=args.test_freq, eta=args.eta, metric=args.metric, flat=args.flat,
+        seed=args.seed,
+    )  # fmt: skip
+    print(f"lmrl sweep: {len(sweep.trials)} trials of {sweep.steps} steps ({args.backend}), "
+          f"validated every {sweep.test_freq}; results in {out}", flush=True)  # fmt: skip
+    runner = None  # one after another, here
+    if args.backend == "ray":
+        import functools
+
+        from lmrl.trainer.sweep_ray import run_ray
+
+        runner = functools.partial(run_ray, cpus_per_trial=args.cpus_per_trial,
+                                   gpus_per_trial=args.gpus_per_trial)  # fmt: skip
+    records, paths = run_sweep(sweep, runner)
+    print(format_table(table_rows(sweep, records)))
+    print(f"table: {paths['csv']} ({paths['table'].name}); plot: {paths['plot']}")
+    if paths["best"] is None:
+        print("no trial completed: nothing to recommend")
+        return 1
+    print(f"best: {paths['best']}")
+    return 130 if any(r.status == "interrupted" for r in records) else 0
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -384,14 +429,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_train_flow)
 
     p = sub.add_parser(
-        "pretrain-flow", help="pre-train an image model by flow matching (before train-flow)"
+        "pretrain-flow",
+        help="pre-train an image model by flow matching (before train-flow)",
     )
     p.add_argument("images", type=Path, help="images.parquet of `lmrl tasks shapes`")
     p.add_argument("--out", type=Path, required=True, help="the model directory to write")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--steps", type=int, default=400,
+        help="optimizer steps (default: %(default)s; `lmrl demo --task flow` pre-trains 150)",
+    )  # fmt: skip
+    p.add_argument(
+        "--batch-size", type=int, default=64, help="images per step (default: %(default)s)"
+    )
+    p.add_argument(
+        "--lr", type=float, default=2e-3, help="AdamW's learning rate (default: %(default)s)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, help="initialisation and batch order (default: %(default)s)"
+    )
     p.add_argument("--force", action="store_true", help="write into --out even if it is not empty")
     p.set_defaults(func=_pretrain_flow)
 
@@ -413,6 +468,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-test", type=int, default=None)
     p.add_argument("--force", action="store_true", help="write into --out even if it is not empty")
     p.set_defaults(func=_tasks)
+
+    p = sub.add_parser(
+        "sweep", help="short trials of a grid or random search over config keys, ranked",
+        description="Short RL trials (lmrl train with the base keys and each trial's) ranked "
+        "by validation gain per step (train-score slope where validation is flat), hopeless "
+        "ones stopped early (ASHA); writes DIR/trials.csv, trials.md, sweep.png and prints "
+        "the best lmrl train command. docs/sweep.md.",
+    )  # fmt: skip
+    p.add_argument("--config", type=Path, default=None, help="a YAML config (or give it first)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="the base keys, as lmrl train takes them (before --grid)")  # fmt: skip
+    p.add_argument("--grid", nargs="+", action="extend", metavar="KEY=V1,V2",
+                   help="a swept key and its values (several keys: the grid of all points); "
+                   "KEY=log:1e-6..1e-3 draws log-uniformly with --samples")  # fmt: skip
+    p.add_argument("--samples", type=int, default=None,
+                   help="N random trials instead of the whole grid")  # fmt: skip
+    p.add_argument("--steps", type=int, default=20, help="steps of each trial (default 20)")
+    p.add_argument("--test-freq", type=int, default=None,
+                   help="validate every this many steps (default steps // 4)")  # fmt: skip
+    p.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: trials one after another here; ray: in parallel on Ray Tune")  # fmt: skip
+    p.add_argument("--cpus-per-trial", type=int, default=1, help="Ray resources of a trial")
+    p.add_argument("--gpus-per-trial", type=float, default=0.0, help="Ray resources of a trial")
+    p.add_argument("--eta", type=int, default=2,
+                   help="early stopping keeps the best 1/eta at each rung (default 2)")  # fmt: skip
+    p.add_argument("--metric", default=None,
+                   help="validation key to rank on (default: mean val/<source>/acc)")  # fmt: skip
+    p.add_argument("--flat", type=float, default=0.01,
+                   help="a validation change at most this large is flat: the train score's "
+                   "slope then orders the trial (default 0.01)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="seed of the --samples draws")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the sweep's folder, new or empty (default sweeps/sweep-<time>)")  # fmt: skip
+    p.set_defaults(func=_sweep)
 
     p = sub.add_parser("plot", help="draw a run's metrics.jsonl as a PNG (RUN_DIR/plot.png)")
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run directory of lmrl train")

@@ -105,8 +105,12 @@ def test_user_image_rewards_from_a_file_are_checked(tmp_path):
     for name, what in (("wrong_length", "scores of shape (1,)"), ("nan", "non-finite score nan")):
         with pytest.raises(RewardError, match=re.escape(what)):
             load_image_reward(name, user)(images, ["a", "b"], [{}, {}])
-    with pytest.raises(RewardError, match="no function 'missing'"):
+    with pytest.raises(RewardError, match="no function 'missing'; its functions: reward_fn, "
+                       "wrong_length, nan"):  # fmt: skip
         load_image_reward("missing", user)
+    with pytest.raises(RewardError, match=r"no function 'geneval' \(the built-in default; set "
+                       r"reward.name\); its functions: reward_fn"):  # fmt: skip
+        load_image_reward("geneval", user)
     with pytest.raises(RewardError, match="built in: geneval"):
         load_image_reward("pickscore")
     assert (
@@ -143,5 +147,8 @@ def test_the_image_model_saves_and_loads(tmp_path):
     model.save(tmp_path / "m")
     again = ImageFlow.load(tmp_path / "m")
     assert torch.equal(again(x, t, cond), out)
-    with pytest.raises(ModelError, match="not an image flow model"):
+    with pytest.raises(ModelError, match=r"not an image flow model.*`lmrl pretrain-flow`"):
         ImageFlow.load(tmp_path)
+    (tmp_path / "run" / "global_step_3").mkdir(parents=True)
+    with pytest.raises(ModelError, match="it is a checkpoint of a run: give that run's final/"):
+        ImageFlow.load(tmp_path / "run" / "global_step_3")

@@ -26,6 +26,7 @@ from lmrl.tools import (
     load_tools,
     run_calls,
 )
+from lmrl.tools.loading import tool_schemas
 
 
 def lookup(city: str, limit: int = 2) -> str:
@@ -149,6 +150,13 @@ def test_load_tools_builtins_and_a_users_file(tmp_path):
         load_tools(["search"])
     with pytest.raises(ToolLoadError, match="twice"):
         load_tools(["python", "python"])
+    # the schemas a chat template renders into the prompts: those of the tools themselves,
+    # made without starting a built-in (no corpus needed)
+    schemas = tool_schemas(["search", "python", "weather", "Echo"], user)
+    assert schemas == [tool.schema() for tool in tools.values()]
+    assert schemas[2]["function"]["parameters"]["required"] == ["city"]
+    with pytest.raises(ToolLoadError, match="unknown tool 'nope'"):
+        tool_schemas(["nope"], user)
 
 
 # ---------------------------------------------------------------------------- processes

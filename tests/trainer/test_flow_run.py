@@ -295,3 +295,20 @@ def test_a_lora_run_exports_the_merged_model(flow_workspace, tmp_path):
     assert all(torch.allclose(exported.state_dict()[k], v) for k, v in merged.items())
     base = ImageFlow.load(flow_workspace / "model").state_dict()
     assert any(not torch.equal(base[k], v) for k, v in exported.state_dict().items())
+
+
+def test_a_reward_that_scores_every_image_alike_is_said(flow_workspace, tmp_path, caplog):
+    """A saturated reward (every image of every prompt 1.0): the gradient is 0, and the run
+    says so once, with train-flow's own keys."""
+    import logging
+
+    reward = tmp_path / "flat.py"
+    reward.write_text("def flat(images, prompts, metadata):\n    return [1.0] * len(prompts)\n")
+    args = _args(flow_workspace, tmp_path / "run", "trainer.total_training_steps=5",
+                 f"reward.path={reward}", "reward.name=flat", "trainer.test_freq=-1",
+                 "trainer.save_freq=-1", "trainer.val_before_train=false")  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="lmrl"):
+        history = flow_trainer(args).fit()
+    assert all(m["critic/score/zero_spread_frac"] == 1.0 for m in history)
+    said = [r.getMessage() for r in caplog.records if "scored all alike" in r.getMessage()]
+    assert len(said) == 1 and "sampler.n" in said[0] and "filter_groups" not in said[0]

@@ -185,6 +185,11 @@ def test_lora_export_is_merged(tmp_path, model_dir, digits):
         trained = trainer.model.eval()(**inputs).logits
         torch.testing.assert_close(merged(**inputs).logits, trained, rtol=1e-4, atol=1e-5)
         assert not torch.allclose(base(**inputs).logits, trained, atol=1e-4)
+        # and the adapter alone, in PEFT's format (final/adapter), on the base model
+        from peft import PeftModel
+
+        adapted = PeftModel.from_pretrained(base, str(trainer.final_dir / "adapter")).eval()
+        torch.testing.assert_close(adapted(**inputs).logits, trained, rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------- config and CLI

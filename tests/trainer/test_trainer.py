@@ -372,3 +372,13 @@ def test_a_finished_run_exports_its_policy_as_a_model_path(workspace, lora):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     start = load_causal_lm(workspace / "model", dtype="float32", device="cpu")
     assert not torch.allclose(compute_log_probs(start, batch, 8, 1.0)[0], want, atol=1e-4)
+    if not lora:
+        assert not (final / "adapter").exists()
+        return
+    # the adapter in PEFT's own format, loadable on the base model without lmrl
+    from peft import PeftModel
+
+    adapted = PeftModel.from_pretrained(start, str(final / "adapter"))
+    assert adapted.peft_config["default"].r == 4 and adapted.peft_config["default"].lora_alpha == 8
+    got, _ = compute_log_probs(adapted, batch, 8, 1.0)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)

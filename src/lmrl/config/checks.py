@@ -234,6 +234,11 @@ def check_ranges(c: Config, f: Findings) -> None:
             )
     f.check("rollout.stop", lambda x: all(s for s in x), "must not contain empty strings")
     f.check("reward.timeout_s", lambda x: x > 0, "must be > 0 (seconds)")
+    f.check("trainer.max_rollbacks", lambda x: x >= 1, "must be >= 1")
+    f.check("trainer.rollback_lr_factor", lambda x: 0 < x < 1, "must be in (0, 1), e.g. 0.1")
+    if c.trainer.rollback and (not c.data.val_files or c.trainer.test_freq <= 0):
+        f.errors.append("trainer.rollback=true needs validation to find the best checkpoint: "
+                        "set data.val_files and trainer.test_freq > 0")  # fmt: skip
     for key, ok, message in RUN_CHECKS:
         f.check(key, ok, message)
     f.check("algorithm.filter_groups.metric", lambda x: x != "", "must name a per-sample metric")

@@ -41,16 +41,31 @@ class FlowModelConfig:
 
     path: str | None = opt(
         None,
-        "Directory of an image flow model (written by `lmrl demo --task flow` or ImageFlow.save).",
+        "Directory of an image model: a diffusers StableDiffusion3Pipeline (SD3, SD3.5: "
+        "model_index.json), or an lmrl ImageFlow (written by `lmrl demo --task flow`).",
     )
     lora_rank: int = opt(
-        0, "LoRA rank; 0 = train every weight. The reference is the adapter-off model."
+        0,
+        "LoRA rank; 0 = train every weight (Flow-GRPO's SD3: 32). The reference is the "
+        "adapter-off model.",
     )
-    lora_alpha: int = opt(16, "LoRA alpha (scale alpha / rank).")
-    target_modules: list[str] = opt(
-        ["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"],
-        "Module names LoRA adapts (the U-Net's attention projections and convolutions).",
+    lora_alpha: int = opt(16, "LoRA alpha (scale alpha / rank; Flow-GRPO's SD3: 64).")
+    target_modules: list[str] | None = opt(
+        None,
+        "Module names LoRA adapts (a name or a dotted suffix of one); each must match a module. "
+        "null = the model's: SD3's joint attention projections as Flow-GRPO (attn.to_q/k/v, "
+        "attn.to_out.0, attn.add_q/k/v_proj, attn.to_add_out); ImageFlow's attention "
+        "projections and convolutions (to_q, to_k, to_v, to_out.0, conv1, conv2).",
     )
+    resolution: int | None = opt(
+        None,
+        "Image side in pixels (SD3: sampled as latents of side resolution/8; Flow-GRPO: 512); "
+        "null = the model's default.",
+    )
+    negative_prompt: str = opt(
+        "", "Text of classifier-free guidance's unconditional input (text pipelines)."
+    )
+    max_sequence_length: int = opt(128, "T5 tokens of a prompt (SD3; Flow-GRPO: 128).")
     mixed_precision: MixedPrecisionConfig = opt(
         MixedPrecisionConfig(),
         "Compute dtype over the model's float32 weights (the velocity and the Gaussian "
@@ -61,7 +76,10 @@ class FlowModelConfig:
 @dataclass
 class FlowDataConfig:
     """Prompts: verl-style parquet rows whose ``reward_model.ground_truth`` holds the
-    attributes (the ``shapes`` task's files)."""
+    attributes (the ``shapes`` task's files, for an ImageFlow), or Flow-GRPO's prompt files
+    as they ship: ``train.txt`` (one prompt a line: PickScore, OCR) and
+    ``train_metadata.jsonl`` (GenEval: rows with ``prompt``, ``tag``, ``include``...; the row
+    is the reward's metadata)."""
 
     train_files: str | list[str] | None = opt(None, "Prompt files for training.")
     val_files: str | list[str] | None = opt(None, "Prompt files for validation; null = none.")
@@ -76,7 +94,11 @@ class FlowSamplerConfig:
     n: int = opt(8, "Images per prompt (the group of GRPO's advantage), >= 2.")
     num_steps: int = opt(10, "Denoising steps of a rollout.")
     noise_level: float = opt(0.7, "The SDE's a in sigma_t = a sqrt(t / (1 - t)) (Flow-GRPO: 0.7).")
-    shift: float = opt(1.0, "SD3's schedule shift (1 = uniform in t).")
+    shift: float | None = opt(
+        None,
+        "SD3's schedule shift (1 = uniform in t); null = the model's (its scheduler's shift: "
+        "SD3 3.0; ImageFlow 1).",
+    )
     sde_start: int = opt(0, "First stochastic step (the others before it are ODE steps).")
     sde_steps: int | None = opt(
         None, "Stochastic steps from sde_start, ODE after (Flow-GRPO-Fast: 1-2); null = all."
@@ -191,12 +213,14 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
     s = cfg.sampler
     checks = (
         ("model.lora_rank", lambda x: x >= 0, "must be >= 0 (0 = full fine-tuning)"),
+        ("model.resolution", lambda x: x is None or x >= 1, "must be >= 1 (or null)"),
+        ("model.max_sequence_length", lambda x: x >= 1, "must be >= 1"),
         ("data.train_batch_size", lambda x: x >= 1, "must be >= 1"),
         ("sampler.n", lambda x: x >= 2, "must be >= 2 (GRPO compares the images of a prompt)"),
         ("sampler.num_steps", lambda x: x >= 1, "must be >= 1"),
         ("sampler.val_num_steps", lambda x: x >= 1, "must be >= 1"),
         ("sampler.noise_level", lambda x: x > 0, "must be > 0 (0 leaves no log-prob to train)"),
-        ("sampler.shift", lambda x: x > 0, "must be > 0"),
+        ("sampler.shift", lambda x: x is None or x > 0, "must be > 0 (or null)"),
         ("sampler.sde_start", lambda x: 0 <= x < s.num_steps, "must be in [0, sampler.num_steps)"),
         ("sampler.sde_steps", lambda x: x is None or x >= 1, "must be >= 1 (or null)"),
         ("sampler.timestep_fraction", lambda x: 0 < x <= 1, "must be in (0, 1]"),

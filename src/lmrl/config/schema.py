@@ -208,11 +208,13 @@ class MultiTurnConfig:
     tool_path: str | None = opt(
         None, "A Python file of tools: typed functions with docstrings, or Tool objects."
     )
-    format: Literal["search_r1", "json"] = opt(
+    format: Literal["search_r1", "json", "chat"] = opt(
         "search_r1",
         "Call format: search_r1 = <search>query</search>, observations in "
         "<information>...</information>, the answer in <answer>...</answer>; json = "
-        '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.',
+        '<tool_call>{"name": ..., "arguments": {...}}</tool_call>; chat = the tokenizer\'s '
+        "chat template: a turn ends at its end-of-turn token, calls in the template's syntax, "
+        "tool results rendered by the template (checked at start-up; prompts need messages).",
     )
     max_obs_length: int | None = opt(
         None, "Most tokens of one observation (its head is kept); null = no limit."
@@ -442,6 +444,30 @@ class TrainerConfig(RunSettings):
         "local", "local = one process; ray = worker groups as Ray actors (resources section)."
     )
     critic_warmup: int = opt(0, "Steps that update only the critic before the actor starts.")
+    parity_threshold: float | None = opt(
+        0.05,
+        "The first time the engine's mean |old - rollout| log-prob over response tokens "
+        "(rollout/actor_logprob_abs_diff, nats) exceeds this, probe that step's batch once and "
+        "warn with the cause: tokenization, stale weights, dtype or micro-batch shape "
+        "(docs/metrics.md); 0 or null = off. bf16 engines usually sit below 0.05.",
+    )
+    rollback: bool = opt(
+        False,
+        "Run doctor: when the policy collapses (entropy under a floor while validation falls "
+        "from its best), go back to the best validated checkpoint (each new best is saved) "
+        "and on at actor.optim.lr x rollback_lr_factor; the abandoned checkpoints move to "
+        "RUN_DIR/rolled_back/. Needs data.val_files and trainer.test_freq > 0.",
+    )
+    max_rollbacks: int = opt(2, "Rollbacks at most over the run (trainer.rollback).")
+    rollback_lr_factor: float = opt(
+        0.1, "What each rollback multiplies the actor's learning rate by, in (0, 1)."
+    )
+    memory_probe: bool | None = opt(
+        None,
+        "Before the first step, run one step at the longest prompts and responses the config "
+        "allows (weights, optimizer and RNGs restored after), so an out-of-memory comes in "
+        "the first minute; null = on a GPU only (a CPU pages instead of failing).",
+    )
 
 
 @dataclass

@@ -91,9 +91,15 @@ class ImageFlow(nn.Module):
         where = Path(path)
         config_file = where / "config.json"
         if not config_file.is_file() or not (where / "model.safetensors").is_file():
+            hint = (
+                "; it is a checkpoint of a run: give that run's final/ directory, or resume the "
+                "run itself (trainer.resume_mode)"
+                if where.name.startswith("global_step_") else ""
+            )  # fmt: skip
             raise ModelError(
-                f"model.path={where} is not an image flow model (needs config.json and model.safetensors "
-                "written by ImageFlow.save / lmrl flow pretrain)"
+                f"model.path={where} is not an image flow model (needs config.json and "
+                "model.safetensors, written by `lmrl pretrain-flow`, `lmrl demo --task flow` "
+                f"or a train-flow run's final/){hint}"
             )
         config = json.loads(config_file.read_text())
         if config.pop("type", None) != "lmrl-image-flow":

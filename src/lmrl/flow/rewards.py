@@ -324,7 +324,15 @@ def load_image_reward(
         raise RewardError(f"image reward file {path} {err}") from err.__cause__
     fn = getattr(module, name, None)
     if not callable(fn):
-        raise RewardError(f"image reward file {path} has no function {name!r}")
+        mine = [
+            k for k, v in vars(module).items()
+            if inspect.isfunction(v) and v.__module__ == module.__name__ and not k.startswith("_")
+        ]  # fmt: skip
+        default = " (the built-in default; set reward.name)" if name in IMAGE_REWARDS else ""
+        raise RewardError(
+            f"image reward file {path} has no function {name!r}{default}; its functions: "
+            f"{', '.join(mine) or 'none'}"
+        )
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError):  # no signature to read (a builtin): found on the first call

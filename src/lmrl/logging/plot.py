@@ -212,6 +212,15 @@ def _one_on_policy_update(series: Series) -> bool:
     return bool(np.all(series["actor/old_log_prob_recomputed"][1] == 0))
 
 
+def _mark_rollbacks(ax, series: Series) -> None:
+    """A dotted line at each step the run doctor rolled back to (``doctor/rolled_back_from``
+    logged there), labelled with the step it left."""
+    steps, left = series.get("doctor/rolled_back_from", (np.array([]), np.array([])))
+    for i, (step, came_from) in enumerate(zip(steps, left, strict=True)):
+        ax.axvline(step, color="0.3", linestyle=":", linewidth=1.2,
+                   label=f"rollback {i + 1} (from step {came_from:.0f})")  # fmt: skip
+
+
 def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
     """The six-panel figure of a run's series (see the module docstring).
 
@@ -239,6 +248,7 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
         name = "reward/mean" if "reward/mean" in names else "acc" if "acc" in names else None
         if name is not None:
             p.points(names[name], f"val {source} {name.replace('/mean', '')}", color=f"C{3 + i}")
+    _mark_rollbacks(p.ax, series)
     p.finish()
 
     if any(key.startswith("flow/") for key in series):  # an image run (lmrl train-flow)
@@ -258,6 +268,7 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
             p.ax.plot(steps, values, linestyle=ls, marker=marker, markersize=5, color=f"C{i}",
                       label=f"{source} {name}")  # fmt: skip
             p.drawn += 1
+    _mark_rollbacks(p.ax, series)
     p.finish()
 
     p = _Panel(axes[0, 2], series, smooth, "Response length", "tokens")

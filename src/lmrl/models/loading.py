@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -277,6 +277,7 @@ def export_pretrained(
     base_path: str | Path,
     tokenizer=None,
     trust_remote_code: bool = False,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write ``weights`` as a plain Hugging Face model directory that ``model.path`` loads.
 
@@ -290,6 +291,8 @@ def export_pretrained(
             ``lmrl.models.lora.merged_state``); a tied output head may be absent.
         base_path: the ``model.path`` of the run.
         tokenizer: saved alongside when given.
+        extra: ``extra(dir)`` writes more into the directory before it is renamed into place
+            (a LoRA run's ``adapter/``, `lmrl.models.lora.save_adapter`).
     """
     from safetensors.torch import save_file
     from transformers import GenerationConfig
@@ -308,6 +311,8 @@ def export_pretrained(
         save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        if extra is not None:
+            extra(tmp)
 
     return write_dir_atomically(out_dir, write)
 

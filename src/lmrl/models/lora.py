@@ -137,6 +137,62 @@ def export_merged(model: PeftModel, out_dir: str | Path, tokenizer=None) -> Path
 _PEFT_PREFIX = "base_model.model."
 
 
+def save_adapter(
+    state: dict[str, torch.Tensor],
+    out_dir: str | Path,
+    lora_alpha: float,
+    base_path: str | Path,
+) -> Path:
+    """Write the adapter of a PEFT LoRA state dict in PEFT's own format, from tensors alone.
+
+    ``adapter_config.json`` and ``adapter_model.safetensors``, as ``PeftModel.save_pretrained``
+    writes them: keys ``base_model.model.<module>.lora_A.weight`` (the adapter's name dropped),
+    ``target_modules`` the adapted modules' own names, ``base_model_name_or_path`` the run's
+    ``model.path``. ``PeftModel.from_pretrained(base, out_dir)`` then loads it, on the base
+    model without lmrl (vLLM's LoRA serving and ``peft`` users take this directory).
+
+    Args:
+        state: ``PeftModel.state_dict()``-style tensors (``lora_A.<adapter>.weight`` (r, in),
+            ``lora_B.<adapter>.weight`` (out, r)), e.g. the actor's ``model_state``.
+        lora_alpha: the run's ``model.lora_alpha`` (the rank is read from the tensors).
+        base_path: the base model the adapter was trained on.
+    Raises:
+        ValueError: ``state`` holds no adapter.
+    """
+    from safetensors.torch import save_file
+
+    adapter, modules, rank = {}, set(), None
+    for key, tensor in state.items():
+        for kind in ("lora_A", "lora_B"):
+            if f".{kind}." in key:
+                module, rest = key.split(f".{kind}.")
+                adapter[f"{module}.{kind}.{rest.split('.')[-1]}"] = (
+                    tensor.detach().contiguous().cpu()
+                )
+                modules.add(module.rsplit(".", 1)[-1])
+                if kind == "lora_A":
+                    rank = tensor.shape[0]
+    if not adapter:
+        raise ValueError("save_adapter: the state holds no LoRA adapter (no lora_A/lora_B keys)")
+    config = LoraConfig(
+        task_type="CAUSAL_LM", r=rank, lora_alpha=lora_alpha, target_modules=sorted(modules),
+        lora_dropout=0.0, bias="none", base_model_name_or_path=str(base_path),
+    )  # fmt: skip
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(str(out))
+    save_file(adapter, out / "adapter_model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+def adapter_export(state: dict[str, torch.Tensor], model_cfg):
+    """``extra`` of ``export_pretrained`` for a LoRA run: writes ``<final>/adapter`` (PEFT's
+    format, `save_adapter`) from ``state`` and the ``model`` config section's alpha and path."""
+    return lambda final: save_adapter(
+        state, final / "adapter", model_cfg.lora_alpha, model_cfg.path
+    )
+
+
 def merged_state(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
     """A PEFT LoRA model's state dict as the plain model's, the adapters merged in.
 

@@ -14,6 +14,11 @@
 4. repeat; after ``max_turns`` observations a row gets one last turn in which calls are not
    run (its closing tag ends it), as Search-R1's final rollout.
 
+With ``format="chat"`` (`lmrl.rollout.chat`) a turn ends at its end-of-turn token, may call
+several tools (in the chat template's own syntax), and what is appended is the template's
+rendering of the tool messages and the next generation prompt (a delta of the whole
+conversation's tokens, checked at start-up by `check_template`).
+
 The KV cache is kept across turns: an engine with ``open_session`` (``hf``) appends each
 observation to the cache with one forward. Any other engine (``vllm``) is driven through
 `ReplaySession`, which re-sends each row's whole context every turn (vLLM's prefix cache
@@ -53,10 +58,19 @@ from lmrl.rollout.base import (
     check_prompts,
     finish_rollout,
 )
+from lmrl.rollout.chat import ChatFormat, Conversation
 from lmrl.tools.base import Tool
 from lmrl.tools.executor import ToolCall, ToolResult, run_calls
 
-__all__ = ["AGENT_KEYS", "FORMATS", "AgentLoop", "JsonFormat", "ReplaySession", "TagFormat"]
+__all__ = [
+    "AGENT_KEYS",
+    "FORMATS",
+    "AgentLoop",
+    "ChatFormat",
+    "JsonFormat",
+    "ReplaySession",
+    "TagFormat",
+]
 
 #: calls of one tool in one rollout before its failures are judged (the first batch check)
 MIN_CHECKED_CALLS = 5
@@ -154,7 +168,15 @@ class JsonFormat:
         return f"\n<tool_response>\n{text.strip()}\n</tool_response>\n"
 
 
-FORMATS = {"search_r1": TagFormat, "tags": TagFormat, "json": JsonFormat}
+FORMATS = {"search_r1": TagFormat, "tags": TagFormat, "json": JsonFormat, "chat": ChatFormat}
+
+
+def clip_text(text: str, most: int | None) -> str:
+    """``text`` cut to ``OBS_CHARS_PER_TOKEN`` characters per token of ``most`` (None = no
+    cut), so a 5 MB passage is never tokenized whole; a lone surrogate (a JSON "\\ud800",
+    bytes decoded with surrogateescape) cannot be tokenized: it becomes "?"."""
+    text = text if most is None else text[: most * OBS_CHARS_PER_TOKEN]
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 # ---------------------------------------------------------------------------- sessions
@@ -262,7 +284,8 @@ class AgentLoop(RolloutEngine):
         tools: name -> `Tool`.
         tokenizer: decodes turns and tokenizes observations.
         max_turns: most tool observations per sample (then one last turn without tools).
-        format: ``search_r1`` (tags) or ``json``, or a format object.
+        format: ``search_r1`` (tags), ``json``, ``chat`` (the tokenizer's chat template,
+            `lmrl.rollout.chat`: checked here by `check_template`), or a format object.
         state_masking: observations are False in ``response_mask`` (not trained).
         max_obs_length: most tokens of one observation (the head is kept); None = no limit.
         tool_timeout_s: wall-clock limit of one tool's calls in a turn.
@@ -278,7 +301,7 @@ class AgentLoop(RolloutEngine):
         tools: Mapping[str, Tool],
         tokenizer,
         max_turns: int = 4,
-        format: str | TagFormat | JsonFormat = "search_r1",
+        format: str | TagFormat | JsonFormat | ChatFormat = "search_r1",
         state_masking: bool = True,
         max_obs_length: int | None = None,
         tool_timeout_s: float = 30.0,
@@ -304,6 +327,8 @@ class AgentLoop(RolloutEngine):
         self.pad_id = getattr(engine, "pad_id", 0)
         self._seeds = CallSeeds(None)  # for unseeded calls of an engine without its own
         self.eos_ids = getattr(engine, "eos_ids", [])
+        if isinstance(format, ChatFormat):
+            format.bind(tokenizer, self.tools, self.eos_ids)
 
     def sync_weights(self, state_dict) -> None:
         self.engine.sync_weights(state_dict)
@@ -342,9 +367,12 @@ class AgentLoop(RolloutEngine):
         usage: dict[str, list[ToolResult]] = {}
         for start in range(0, count, size):
             chunk = torch.arange(start, min(start + size, count))
+            chats = None
+            if isinstance(self.format, ChatFormat):
+                chats = self.format.conversations(prompts, n, chunk)
             session = self._session(prompts, n, sampling, prompt_offset, chunk)
             try:
-                rows += self._run(session, len(chunk), sampling, usage)
+                rows += self._run(session, len(chunk), sampling, usage, chats)
             finally:
                 session.close()
         self._rollouts += 1
@@ -385,8 +413,11 @@ class AgentLoop(RolloutEngine):
         count: int,
         sampling: SamplingParams,
         usage: dict[str, list[ToolResult]],
+        chats: list[Conversation] | None = None,
     ) -> list[_Row]:
-        """Every turn of ``count`` rows; each tool's results are added to ``usage``."""
+        """Every turn of ``count`` rows; each tool's results are added to ``usage``.
+        ``chats``: the rows' conversations under the chat format (a turn ends at EOS and may
+        call several tools; the observation is the template's delta)."""
         rows = [_Row([], [], []) for _ in range(count)]
         budget = sampling.max_new_tokens
         stops = list(dict.fromkeys([*self.format.stops(self.tools), *sampling.stop]))
@@ -406,6 +437,17 @@ class AgentLoop(RolloutEngine):
                 row.sampled += [True] * len(tokens)
                 row.log_probs += lps
                 row.turns += 1
+                if chats is not None:
+                    found = chats[i].assistant(tokens) if reason == "eos" else None
+                    if not found or turn == self.max_turns:
+                        row.done, row.answered = True, found == []
+                        continue
+                    if len(row.tokens) >= budget:
+                        row.done = True
+                        continue
+                    calls += found
+                    callers += [i] * len(found)
+                    continue
                 text = self.tokenizer.decode(tokens, skip_special_tokens=True)
                 answered = text.rstrip().endswith(f"</{self.format.answer_tag}>")
                 if reason != "stop" or len(row.tokens) >= budget:
@@ -421,6 +463,7 @@ class AgentLoop(RolloutEngine):
                 continue
             results = run_calls(calls, self.tools, self.tool_timeout_s, self.tool_workers)
             observations = {}
+            answers: dict[int, list[str]] = {}
             for i, call, result in zip(callers, calls, results, strict=True):
                 row = rows[i]
                 row.calls += 1
@@ -429,14 +472,18 @@ class AgentLoop(RolloutEngine):
                 row.timeouts += result.status == "timeout"
                 if isinstance(call, ToolCall) and call.name in self.tools:
                     usage.setdefault(call.name, []).append(result)
+                answers.setdefault(i, []).append(result.text)
+            for i, texts in answers.items():
+                row = rows[i]
                 room = budget - len(row.tokens)
-                if self.max_obs_length is not None:
-                    room = min(room, self.max_obs_length)
-                text = self.format.observation(result.text)[: room * OBS_CHARS_PER_TOKEN]
-                # a lone surrogate (a JSON "\ud800", bytes decoded with surrogateescape)
-                # cannot be tokenized: it becomes "?"
-                text = text.encode("utf-8", "replace").decode("utf-8")
-                ids = self.tokenizer.encode(text, add_special_tokens=False)[:room]
+                if chats is not None:
+                    texts = [clip_text(t, self.max_obs_length) for t in texts]
+                    ids = chats[i].observe(texts, self.max_obs_length)[:room]
+                else:
+                    if self.max_obs_length is not None:
+                        room = min(room, self.max_obs_length)
+                    text = clip_text(self.format.observation(texts[0]), room)
+                    ids = self.tokenizer.encode(text, add_special_tokens=False)[:room]
                 row.tokens += ids
                 row.sampled += [False] * len(ids)
                 row.log_probs += [0.0] * len(ids)

@@ -20,7 +20,7 @@ from lmrl.tools.processes import ProcessTool, ToolPool
 from lmrl.tools.python import PythonTool
 from lmrl.tools.search import SearchTool
 
-__all__ = ["BUILTIN_TOOLS", "load_tools"]
+__all__ = ["BUILTIN_TOOLS", "load_tools", "tool_schemas"]
 
 # name -> factory taking that tool's options as keyword arguments
 BUILTIN_TOOLS: dict[str, Callable[..., Tool]] = {"search": SearchTool, "python": PythonTool}
@@ -94,3 +94,28 @@ def load_tools(
         for name in from_file:
             tools[name] = ProcessTool(tools[name], pool)
     return tools
+
+
+def tool_schemas(names: Sequence[str], tool_path: str | Path | None = None) -> list[dict]:
+    """The function schemas of the named tools (`Tool.schema`, as `load_tools` would make them
+    and the chat template renders them), without starting a built-in (no corpus is read).
+
+    What the prompts are rendered with when the agent loop speaks the chat template
+    (``rollout.multi_turn.format=chat``): the template puts the tools into the prompt.
+
+    Raises:
+        ToolLoadError: as `load_tools`.
+    """
+    module = _import_file(tool_path) if tool_path else None
+    out = []
+    for name in names:
+        found = getattr(module, name, None) if module is not None else None
+        if found is None and name in BUILTIN_TOOLS:
+            cls = BUILTIN_TOOLS[name]
+            tool = Tool()  # the built-in's class attributes, without its start-up
+            tool.description, tool.parameters = cls.description, cls.parameters
+        else:
+            tool = next(iter(load_tools([name], tool_path).values()))
+        tool.name = name
+        out.append(tool.schema())
+    return out

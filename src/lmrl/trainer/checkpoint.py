@@ -129,6 +129,7 @@ def save_checkpoint(
     max_to_keep: int | None = None,
     before_manifest=None,
     command: str | None = None,
+    keep: Path | None = None,
 ) -> Path:
     """Write ``run_dir/global_step_<step>`` atomically; prune old ones beyond ``max_to_keep``.
 
@@ -139,6 +140,7 @@ def save_checkpoint(
         before_manifest: called once the data files are written, before the manifest (a
             testing hook: a crash there must leave no usable checkpoint behind).
         command: the command of the run (``lmrl train``...), written into the manifest.
+        keep: a checkpoint pruning spares (the run doctor's best validated one).
     """
     run_dir = Path(run_dir)
     final = run_dir / f"global_step_{step}"
@@ -165,7 +167,8 @@ def save_checkpoint(
     _fsync(run_dir)
     if max_to_keep:
         for old in list_checkpoints(run_dir)[:-max_to_keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            if keep is None or old.resolve() != Path(keep).resolve():
+                shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -36,21 +36,28 @@ import torch
 
 from lmrl.config.flow import FlowConfig
 from lmrl.data.sampler import PromptSampler
-from lmrl.data.shapes import ATTRIBUTES, NUM_ATTRIBUTES, attribute_vector
+from lmrl.data.shapes import ATTRIBUTES, NUM_ATTRIBUTES
 from lmrl.errors import DataError, ModelError
 from lmrl.flow.ema import WeightEMA
 from lmrl.flow.grpo import FlowGRPO, FlowGRPOConfig, flow_advantages
-from lmrl.flow.image_model import ImageFlow
+from lmrl.flow.pipelines import AttributePipeline, load_pipeline
 from lmrl.flow.rewards import load_image_reward
 from lmrl.flow.rollout import FlowSampler
 from lmrl.logging import make_trackers
 from lmrl.models.loading import resolve_device, write_dir_atomically
 from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
-from lmrl.trainer.health import RunHealth
+from lmrl.trainer.health import ZERO_SPREAD_KEY, RunHealth
 from lmrl.trainer.loop import RunsOnLoop, resume
 from lmrl.trainer.metrics import zero_spread_fraction
 from lmrl.trainer.resume import RunStart, open_run
 from lmrl.workers.precision import Precision
+
+FLOW_ZERO_SPREAD = (
+    "The images of a prompt all score alike when the reward saturates (a user's reward at its "
+    "maximum while the images stop following their prompts): check the images against their "
+    "prompts (the geneval checks, flow/check/*), try a reward with finer grades, more images "
+    "per prompt (sampler.n), or a KL to the start (actor.beta)"
+)
 
 log = logging.getLogger("lmrl.flow")
 
@@ -58,40 +65,94 @@ __all__ = ["FlowParts", "FlowTrainer", "build_flow", "image_grid", "read_prompts
 
 
 def read_prompts(files: str | list[str]) -> list[dict[str, Any]]:
-    """Prompt rows of parquet files: ``{"prompt": text, "attributes": {...}, "data_source"}``.
+    """Prompt rows ``{"prompt": text, "metadata": {...}, "data_source", ["attributes"]}`` of
+    prompt files, each by its suffix:
+
+    - ``.parquet``: verl rows whose ``reward_model.ground_truth`` holds the attributes an
+      ImageFlow is conditioned on (``attributes``, also the reward's ``metadata``);
+    - ``.txt``: one prompt a line (Flow-GRPO's PickScore and OCR ``train.txt``);
+    - ``.jsonl``: one JSON object a line with a ``prompt`` (Flow-GRPO's GenEval
+      ``train_metadata.jsonl``: ``tag``, ``include`` [{class, count, color?, position?}]...);
+      the whole row is the reward's ``metadata``.
+
+    A text file's ``data_source`` is its folder's name (``geneval``, ``pickscore``, ``ocr``).
 
     Raises:
-        DataError: a file that cannot be read, or rows without the attributes the model is
-            conditioned on (``reward_model.ground_truth`` with shape, colour, count, position).
+        DataError: a file that cannot be read, of another format, or rows without what their
+            format needs.
     """
-    import pyarrow.parquet as pq
-
     rows = []
     for path in [files] if isinstance(files, str) else files:
-        try:
-            table = pq.read_table(path).to_pylist()
-        except (OSError, ValueError) as err:
-            raise DataError(f"cannot read prompt file {path}: {err}") from None
-        for i, row in enumerate(table):
-            truth = (row.get("reward_model") or {}).get("ground_truth")
-            if not isinstance(truth, dict) or any(k not in truth for k in ATTRIBUTES):
-                raise DataError(
-                    f"{path} row {i}: reward_model.ground_truth must hold the attributes "
-                    f"{list(ATTRIBUTES)} that the image model is conditioned on (write the "
-                    "prompts with `lmrl tasks shapes --out DIR`)"
-                )
-            prompt = row.get("prompt")
-            if isinstance(prompt, list | np.ndarray):
-                prompt = " ".join(str(m.get("content", "")) for m in prompt)
-            rows.append(
-                {
-                    "prompt": str(prompt),
-                    "attributes": {k: truth[k] for k in ATTRIBUTES},
-                    "data_source": row.get("data_source", "shapes"),
-                }
+        suffix = Path(path).suffix.lower()
+        if suffix == ".parquet":
+            rows += _parquet_prompts(path)
+        elif suffix in (".txt", ".jsonl"):
+            rows += _text_prompts(Path(path), suffix)
+        else:
+            raise DataError(
+                f"prompt file {path}: not a prompt format (.parquet verl rows, .txt one prompt a "
+                "line, or .jsonl rows with a prompt as Flow-GRPO's train_metadata.jsonl)"
             )
     if not rows:
         raise DataError(f"no prompts in {files}")
+    return rows
+
+
+def _parquet_prompts(path: str) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as err:
+        raise DataError(f"cannot read prompt file {path}: {err}") from None
+    rows = []
+    for i, row in enumerate(table):
+        truth = (row.get("reward_model") or {}).get("ground_truth")
+        if not isinstance(truth, dict) or any(k not in truth for k in ATTRIBUTES):
+            raise DataError(
+                f"{path} row {i}: reward_model.ground_truth must hold the attributes "
+                f"{list(ATTRIBUTES)} that the image model is conditioned on (write the "
+                "prompts with `lmrl tasks shapes --out DIR`)"
+            )
+        prompt = row.get("prompt")
+        if isinstance(prompt, list | np.ndarray):
+            prompt = " ".join(str(m.get("content", "")) for m in prompt)
+        attributes = {k: truth[k] for k in ATTRIBUTES}
+        rows.append(
+            {
+                "prompt": str(prompt),
+                "attributes": attributes,
+                "metadata": attributes,
+                "data_source": row.get("data_source", "shapes"),
+            }
+        )
+    return rows
+
+
+def _text_prompts(path: Path, suffix: str) -> list[dict[str, Any]]:
+    import json
+
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"cannot read prompt file {path}: {err}") from None
+    source = path.parent.name or "prompts"
+    if suffix == ".txt":
+        return [{"prompt": p, "metadata": {}, "data_source": source} for p in lines if p]
+    rows = []
+    for i, line in enumerate(lines):
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise DataError(
+                f'{path} line {i + 1}: not a JSON object with a "prompt" string (the rows of '
+                "Flow-GRPO's train_metadata.jsonl)"
+            )
+        rows.append({"prompt": row["prompt"], "metadata": row, "data_source": source})
     return rows
 
 
@@ -121,8 +182,10 @@ class FlowParts:
         config: the resolved ``FlowConfig``.
         start: the run directory, resume point and config changes.
         train_prompts, val_prompts: prompt rows (`read_prompts`; ``val_prompts`` may be []).
-        model: the image model trained (LoRA-wrapped when ``model.lora_rank > 0``).
-        image_shape: ``(C, H, W)`` of its images.
+        pipeline: the image pipeline (`lmrl.flow.pipelines`): prompts to conditioning,
+            samples to pixels, what ``final/`` holds.
+        model: the velocity model trained (LoRA-wrapped when ``model.lora_rank > 0``).
+        image_shape: ``(C, H, W)`` of its samples (pixels, or an SD3 model's latents).
         device: where it computes.
         sampler, val_sampler: the SDE sampler of training and the ODE sampler of validation.
         optimizer: AdamW over the trained parameters.
@@ -137,6 +200,7 @@ class FlowParts:
     start: RunStart
     train_prompts: list[dict[str, Any]]
     val_prompts: list[dict[str, Any]]
+    pipeline: Any
     model: torch.nn.Module
     image_shape: tuple[int, int, int]
     device: torch.device
@@ -172,37 +236,42 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
             f"{len(train_prompts)} prompts of {cfg.data.train_files}"
         )
     device = resolve_device(t.device)
-    model = ImageFlow.load(cfg.model.path)
-    if model.config["cond_dim"] != NUM_ATTRIBUTES:
+    # the weights stay float32 (the masters); compute in model.mixed_precision.param_dtype
+    precision = Precision.resolve("float32", cfg.model.mixed_precision, device)
+    m = cfg.model
+    pipeline = load_pipeline(
+        m.path, device, frozen_dtype=precision.compute, resolution=m.resolution,
+        negative_prompt=m.negative_prompt, max_sequence_length=m.max_sequence_length,
+    )  # fmt: skip
+    cond_dim = pipeline.model.config["cond_dim"] if isinstance(pipeline, AttributePipeline) else 0
+    if cond_dim and cond_dim != NUM_ATTRIBUTES:
         raise ModelError(
-            f"model.path={cfg.model.path} is conditioned on {model.config['cond_dim']} "
-            f"values, the prompts' attribute vector has {NUM_ATTRIBUTES}"
+            f"model.path={m.path} is conditioned on {cond_dim} values, the prompts' attribute "
+            f"vector has {NUM_ATTRIBUTES}"
         )
-    c = model.config
-    image_shape = (c["channels"], c["image_size"], c["image_size"])
-    model = model.to(device)
+    for files, prompts in (
+        (cfg.data.train_files, train_prompts),
+        (cfg.data.val_files, val_prompts),
+    ):
+        pipeline.check_prompts(prompts, files)
+    image_shape, model = pipeline.image_shape, pipeline.model
+    shift = s.shift if s.shift is not None else getattr(pipeline, "scheduler_shift", 1.0)
     reference: Any = None
-    if cfg.model.lora_rank > 0:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=cfg.model.lora_rank,
-                lora_alpha=cfg.model.lora_alpha,
-                target_modules=list(cfg.model.target_modules),
-            ),
+    if m.lora_rank > 0:
+        targets = m.target_modules if m.target_modules is not None else pipeline.default_targets
+        model = pipeline.add_lora(
+            {"r": m.lora_rank, "lora_alpha": m.lora_alpha, "target_modules": list(targets)}
         )
         reference = "adapter" if a.beta > 0 else None
     elif a.beta > 0:
         reference = copy.deepcopy(model).requires_grad_(False).eval()
     sampler = FlowSampler(
-        num_steps=s.num_steps, noise_level=s.noise_level, shift=s.shift,
+        num_steps=s.num_steps, noise_level=s.noise_level, shift=shift,
         sde_start=s.sde_start, sde_steps=s.sde_steps, timestep_fraction=s.timestep_fraction,
         guidance_scale=s.guidance_scale, reduce=s.logprob_reduce,
     )  # fmt: skip
     val_sampler = FlowSampler(
-        num_steps=s.val_num_steps, noise_level=0.0, shift=s.shift,
+        num_steps=s.val_num_steps, noise_level=0.0, shift=shift,
         guidance_scale=s.guidance_scale,
     )  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
@@ -216,8 +285,6 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
         ppo_epochs=a.ppo_epochs, max_grad_norm=a.max_grad_norm,
     )  # fmt: skip
     ema = WeightEMA(params, a.ema_decay, a.ema_every) if a.ema else None
-    # the weights stay float32 (the masters); compute in model.mixed_precision.param_dtype
-    precision = Precision.resolve("float32", cfg.model.mixed_precision, device)
     update = FlowGRPO(
         model, sampler, optimizer, settings, reference=reference, ema=ema, precision=precision
     )
@@ -230,7 +297,7 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
     )  # fmt: skip
     return FlowParts(
         config=cfg, start=start, train_prompts=train_prompts, val_prompts=val_prompts,
-        model=model, image_shape=image_shape, device=device, sampler=sampler,
+        pipeline=pipeline, model=model, image_shape=image_shape, device=device, sampler=sampler,
         val_sampler=val_sampler, optimizer=optimizer, update=update, ema=ema, reward=reward,
         prompt_order=prompt_order, trackers=trackers,
     )  # fmt: skip
@@ -252,13 +319,13 @@ class FlowTrainer(RunsOnLoop):
         self.run_dir = parts.start.run_dir
         self.device = parts.device
         self.train_prompts, self.val_prompts = parts.train_prompts, parts.val_prompts
-        self.image_shape = parts.image_shape
+        self.image_shape, self.pipeline = parts.image_shape, parts.pipeline
         self.model, self.optimizer, self.ema = parts.model, parts.optimizer, parts.ema
         self.sampler, self.val_sampler = parts.sampler, parts.val_sampler
         self.grpo, self.reward, self.prompts = parts.update, parts.reward, parts.prompt_order
         self.trackers = parts.trackers
         self.total_steps = self.cfg.trainer.total_training_steps
-        self.health = RunHealth(None)
+        self.health = RunHealth(None, zero_spread_advice=FLOW_ZERO_SPREAD)
         self.global_step = 0
         resume(self)
 
@@ -268,17 +335,16 @@ class FlowTrainer(RunsOnLoop):
 
     # ------------------------------------------------------------------ pieces
     def _cond(self, rows: list[dict]) -> torch.Tensor:
-        vectors = np.stack([attribute_vector(r["attributes"]) for r in rows])
-        return torch.tensor(vectors, device=self.device)
+        return self.pipeline.cond(rows)
 
     def _uncond(self, cond: torch.Tensor) -> torch.Tensor | None:
-        return torch.zeros_like(cond) if self.cfg.sampler.guidance_scale != 1.0 else None
+        return self.pipeline.uncond(cond) if self.cfg.sampler.guidance_scale != 1.0 else None
 
-    def _score(self, images: torch.Tensor, rows: list[dict]) -> tuple[torch.Tensor, dict]:
-        """Rewards of images in [-1, 1], the means of what the reward returns beside them
-        (``flow/check/<name>``: the geneval checks) and its counters (``reward/errors``)."""
-        pixels = ((images.cpu() + 1) / 2).clamp(0, 1)
-        prompts, metadata = [r["prompt"] for r in rows], [r["attributes"] for r in rows]
+    def _score(self, pixels: torch.Tensor, rows: list[dict]) -> tuple[torch.Tensor, dict]:
+        """Rewards of images (B, 3, H, W) in [0, 1] (the pipeline's ``decode``), the means of
+        what the reward returns beside them (``flow/check/<name>``: the geneval checks) and its
+        counters (``reward/errors``)."""
+        prompts, metadata = [r["prompt"] for r in rows], [r["metadata"] for r in rows]
         scores, extras, counts = self.reward.score(pixels, prompts, metadata)
         means = {f"flow/check/{k}": float(v[v.isfinite()].mean()) for k, v in extras.items()}
         return scores, means | counts
@@ -296,7 +362,7 @@ class FlowTrainer(RunsOnLoop):
         self.model.eval()
         batch = self.sampler.sample(self.grpo.velocity, cond, noise, uncond=uncond, generator=gen)
         sampled = time.perf_counter()
-        scores, extra = self._score(batch["images"], rows_n)
+        scores, extra = self._score(self.pipeline.decode(batch["images"]), rows_n)
         scored = time.perf_counter()
         groups = [i // n for i in range(len(rows_n))]
         adv = flow_advantages(
@@ -315,6 +381,7 @@ class FlowTrainer(RunsOnLoop):
                 "critic/score/mean": float(scores.mean()),
                 "critic/score/std": float(scores.std()),
                 "flow/zero_spread_groups": zero_spread_fraction(scores, groups),
+                ZERO_SPREAD_KEY: zero_spread_fraction(scores, groups),  # the health check's
                 "timing_s/sample": sampled - start,
                 "timing_s/reward": scored - sampled,
                 "timing_s/update": done - scored,
@@ -342,13 +409,13 @@ class FlowTrainer(RunsOnLoop):
             images = self.val_sampler.sample(
                 self.grpo.velocity, cond, noise, uncond=self._uncond(cond)
             )
-        images = images["images"].cpu()  # one copy to the host: scored, then drawn
+        images = self.pipeline.decode(images["images"])  # pixels on the host: scored, drawn
         scores, checks = self._score(images, rows)
         out = self.run_dir / "samples" / f"step_{self.global_step}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
-        Image.fromarray(image_grid(((images + 1) / 2), images_per_prompt)).save(out)
+        Image.fromarray(image_grid(images, images_per_prompt)).save(out)
         source = self.val_prompts[0]["data_source"]
         return {
             f"val/{source}/reward/mean": float(scores.mean()),
@@ -359,11 +426,17 @@ class FlowTrainer(RunsOnLoop):
         return []  # the images of each validation are written to samples/step_<N>.png
 
     # ------------------------------------------------------------------ checkpoints
+    def _lora_only(self) -> bool:
+        """A checkpoint of the adapters alone (an SD3 LoRA run: the base weights are the
+        pipeline's, never changed)."""
+        return self.cfg.model.lora_rank > 0 and self.pipeline.lora_only_checkpoints
+
     def checkpoint_weights(self) -> dict[str, dict[str, torch.Tensor]]:
-        weights = {
-            k: v.detach().to("cpu", copy=True).contiguous()
-            for k, v in self.model.state_dict().items()
-        }
+        state = self.model.state_dict()
+        if self._lora_only():
+            trained = {name for name, p in self.model.named_parameters() if p.requires_grad}
+            state = {k: v for k, v in state.items() if k in trained}
+        weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
         return {"model": weights}
 
     def state_dict(self) -> dict:
@@ -382,7 +455,14 @@ class FlowTrainer(RunsOnLoop):
         return state
 
     def load_checkpoint(self, path: Path) -> None:
-        self.model.load_state_dict(read_weights(path / "model.safetensors"))
+        weights = read_weights(path / "model.safetensors")
+        if self._lora_only():
+            trained = {name for name, p in self.model.named_parameters() if p.requires_grad}
+            if set(weights) != trained:
+                raise ValueError("its LoRA adapters are not this run's (model.target_modules)")
+            self.model.load_state_dict(weights, strict=False)
+        else:
+            self.model.load_state_dict(weights)
         state = load_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.prompts.load_state_dict(state["prompts"])
@@ -397,13 +477,14 @@ class FlowTrainer(RunsOnLoop):
         self.global_step = int(state["global_step"])
 
     def export(self) -> Path:
-        """Write ``run_dir/final``: the image model (LoRA merged, the weights' average when
-        ``actor.ema``), loadable as ``model.path`` of another run."""
+        """Write ``run_dir/final`` (the weights' average when ``actor.ema``): an ImageFlow's
+        model (LoRA merged), loadable as ``model.path`` of another run; an SD3 run's LoRA
+        adapter (PEFT's format) or, without LoRA, its transformer."""
+        lora = self.cfg.model.lora_rank > 0
         with self.ema.applied() if self.ema is not None else nullcontext():
-            image_model = copy.deepcopy(self.model).to("cpu")
-        if self.cfg.model.lora_rank > 0:
-            image_model = image_model.merge_and_unload()
-        return write_dir_atomically(self.run_dir / "final", image_model.save)
+            return write_dir_atomically(
+                self.run_dir / "final", lambda out: self.pipeline.export(self.model, out, lora)
+            )
 
     def close(self) -> None:
         self.trackers.close()

@@ -6,9 +6,14 @@ does), most prompt groups score all alike (their GRPO advantages are 0 and they 
 nothing), the policy starts from a near-uniform model (nothing to reinforce), or a warm start's
 loss does not drop, or validation stays flat while the train score keeps rising (the policy
 polishes partial credit), or the policy's samples score far below its validation answers (RL
-will spend its first steps sharpening toward what greedy decoding already does). `RunHealth`
+will spend its first steps sharpening toward what greedy decoding already does), or validation
+does not move at all over several validations whatever the train score does, or the policy
+collapses (its entropy under a floor while validation falls from its best), or the reward
+climbs while the responses run to the length limit (the common reward hack). `RunHealth`
 watches the RL metrics step by step and `SFTHealth` the SFT loss; each returns the warnings
-that became true at this step, and never the same one twice.
+that became true at this step, and never the same one twice. A collapse also sets
+``RunHealth.collapse``, which the run doctor (`lmrl.trainer.doctor`, ``trainer.rollback``)
+acts on; after a rollback, `RunHealth.rewind` forgets the abandoned steps.
 
 The thresholds are deliberately loose: a warning is a hint to look at the plot
 (``lmrl plot RUN_DIR``), not a verdict.
@@ -20,11 +25,16 @@ import math
 from collections import deque
 from collections.abc import Mapping
 
-__all__ = ["ZERO_SPREAD_KEY", "RunHealth", "SFTHealth"]
+__all__ = ["ZERO_SPREAD_KEY", "RunHealth", "SFTHealth", "validation_score"]
 
 ZERO_SPREAD_KEY = "critic/score/zero_spread_frac"
 ENTROPY_KEY = "actor/entropy"
 SCORE_KEY = "critic/score/mean"
+CLIP_KEY = "response_length/clip_ratio"
+ZERO_SPREAD_ADVICE = (
+    "Try algorithm.filter_groups.enable=true (DAPO's dynamic sampling), a larger rollout.n, a "
+    "reward with partial credit, or prompts nearer the model's level"
+)
 
 
 class RunHealth:
@@ -33,10 +43,15 @@ class RunHealth:
     Args:
         vocab_size: the policy's vocabulary (a near-uniform policy has ``log(vocab)`` nats).
         window: steps compared at the start and now (score trend, sustained zero spread).
+        zero_spread_advice: what the all-alike-groups warning suggests (the RL trainer's keys
+            by default; ``lmrl train-flow`` gives its own).
     """
 
-    def __init__(self, vocab_size: int | None, window: int = 5) -> None:
+    def __init__(
+        self, vocab_size: int | None, window: int = 5, zero_spread_advice: str | None = None
+    ) -> None:
         self.vocab_size = vocab_size
+        self.zero_spread_advice = zero_spread_advice or ZERO_SPREAD_ADVICE
         self.window = window
         self.said: set[str] = set()
         self.first_entropy: float | None = None
@@ -44,13 +59,29 @@ class RunHealth:
         self.recent_scores: deque[float] = deque(maxlen=window)
         self.recent_spread: deque[float] = deque(maxlen=window)
         self.validations: list[tuple[float, float]] = []  # (train score, validation score)
+        self.val_history: list[tuple[int, float]] = []  # (global step, validation score)
+        self.recent_clip: deque[float] = deque(maxlen=window)
+        self.first_clip: list[float] = []
         self.steps = 0
         self.val_reward_before: float | None = None
+        self.collapse: tuple[int, float, float] | None = None  # (best step, best, now)
 
     def baseline(self, val_metrics: Mapping[str, float]) -> None:
         """The validation before the first step (``val/<source>/reward/mean``): what the
         first steps' train scores are compared with."""
         self.val_reward_before = _val_mean(val_metrics, "/reward/mean")
+        val = validation_score(val_metrics)
+        if val is not None:
+            self.val_history.append((0, val))
+
+    def rewind(self, step: int) -> None:
+        """Forget what came after global step ``step`` (the run was rolled back there): the
+        validations after it, the recent windows, the collapse, so each can be said again."""
+        self.val_history = [(s, v) for s, v in self.val_history if s <= step]
+        for window in (self.recent_scores, self.recent_spread, self.recent_clip):
+            window.clear()
+        self.collapse = None
+        self.said -= {"val_collapse", "val_stuck", "length_hack"}
 
     def check(self, metrics: Mapping[str, float]) -> list[str]:
         """The warnings that hold after this step's ``metrics`` and were not said before."""
@@ -73,11 +104,87 @@ class RunHealth:
         if spread is not None and math.isfinite(spread):
             self.recent_spread.append(spread)
             out += self._zero_spread()
-        val = _validation_score(metrics)
+        clip = metrics.get(CLIP_KEY)
+        if clip is not None and math.isfinite(clip) and score is not None and math.isfinite(score):
+            if len(self.first_clip) < self.window:
+                self.first_clip.append(clip)
+            self.recent_clip.append(clip)
+            out += self._length_hack()
+        val = validation_score(metrics)
         if val is not None and score is not None:
             self.validations.append((score, val))
             out += self._val_flat()
+        if val is not None:
+            self.val_history.append((int(metrics.get("training/step", self.steps)), val))
+            out += self._val_stuck()
+            out += self._val_collapse(entropy)
         return out
+
+    def _val_stuck(self, last: int = 6, band: float = 0.02) -> list[str]:
+        """Validation within ``band`` of where it was ``last`` validations ago, every time,
+        while the train score did not rise (that case is `_val_flat`'s, with its own advice)."""
+        if len(self.val_history) <= last or "val_flat" in self.said:
+            return []
+        (since, anchor), recent = self.val_history[-last - 1], self.val_history[-last:]
+        if any(abs(v - anchor) > band for _, v in recent):
+            return []
+        if len(self.validations) > last:  # the train score rising: `_val_flat`'s case
+            train_now = sum(t for t, _ in self.validations[-last:]) / last
+            if train_now >= self.validations[-last - 1][0] + 0.05:
+                return []
+        return self._say(
+            "val_stuck",
+            f"validation has stayed at {anchor:.3f} (within {band}) over the last {last} "
+            f"validations (steps {since}-{recent[-1][0]}), whatever the train score did: the "
+            "recipe is not moving what validation counts. Try a sweep over actor.optim.lr and "
+            "rollout.temperature (lmrl sweep, docs/sweep.md), a larger rollout.n, or check "
+            "that the reward pays for what validation counts",
+        )
+
+    def _val_collapse(
+        self, entropy: float | None, floor: float = 0.5, drop: float = 0.1
+    ) -> list[str]:
+        """Entropy under ``floor`` (and under half the first step's) while validation fell
+        from its best by ``drop`` (absolute, or a third of the best when that is smaller)."""
+        if entropy is None or self.first_entropy is None or len(self.val_history) < 2:
+            return []
+        if entropy > min(floor, 0.5 * self.first_entropy) and entropy > 0.05:
+            return []
+        best_step, best = max(self.val_history, key=lambda sv: (sv[1], -sv[0]))
+        step, now = self.val_history[-1]
+        if best - now < min(drop, best / 3) or best <= 0:
+            return []
+        self.collapse = (best_step, best, now)
+        return self._say(
+            "val_collapse",
+            f"the policy collapsed: its entropy is {entropy:.3f} nats (from "
+            f"{self.first_entropy:.2f}) while validation fell from {best:.3f} (step "
+            f"{best_step}) to {now:.3f} (step {step}). Try a lower actor.optim.lr, a KL term "
+            "(actor.use_kl_loss=true), or trainer.rollback=true, which rolls back to the best "
+            "validated checkpoint and goes on at a lower lr",
+        )
+
+    def _length_hack(self, limit: float = 0.5, rise: float = 0.3) -> list[str]:
+        """The train score rose while the share of responses cut at the length limit rose
+        by ``rise`` to at least ``limit``."""
+        if len(self.first_clip) < self.window or len(self.recent_clip) < self.window:
+            return []
+        if len(self.first_scores) < self.window or len(self.recent_scores) < self.window:
+            return []
+        clip_then = sum(self.first_clip) / self.window
+        clip_now = sum(self.recent_clip) / self.window
+        before = sum(self.first_scores) / self.window
+        now = sum(self.recent_scores) / self.window
+        if clip_now < max(limit, clip_then + rise) or now <= before + 0.05 * max(abs(before), 1):
+            return []
+        return self._say(
+            "length_hack",
+            f"the train score rose from {before:.3f} to {now:.3f} while the responses cut at "
+            f"data.max_response_length went from {clip_then:.0%} to {clip_now:.0%}: the "
+            "reward may be paying for length (the common reward hack). Read the samples "
+            "(trainer.log_generations_freq), score a truncated response as wrong, or add "
+            "DAPO's soft length penalty (reward.manager=dapo, reward.overlong_buffer.enable=true)",
+        )
 
     def _val_flat(self, last: int = 8, rise: float = 0.05, gain: float = 0.02) -> list[str]:
         """Validation flat over the last ``last`` validations while the train score rose."""
@@ -169,9 +276,7 @@ class RunHealth:
         return self._say(
             "zero_spread",
             f"{share:.0%} of the prompt groups scored all alike over the last {self.window} "
-            "steps: their advantages are 0 and they teach nothing. Try "
-            "algorithm.filter_groups.enable=true (DAPO's dynamic sampling), a larger "
-            "rollout.n, a reward with partial credit, or prompts nearer the model's level",
+            f"steps: their advantages are 0 and they teach nothing. {self.zero_spread_advice}",
         )
 
 
@@ -224,7 +329,7 @@ def _val_mean(metrics: Mapping[str, float], suffix: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _validation_score(metrics: Mapping[str, float]) -> float | None:
+def validation_score(metrics: Mapping[str, float]) -> float | None:
     """The mean over data sources of ``val/<source>/acc`` (else ``reward/mean``), if validated."""
     acc = _val_mean(metrics, "/acc")
     return acc if acc is not None else _val_mean(metrics, "/reward/mean")

@@ -21,7 +21,9 @@ hold the same for all of them:
   progress bar among them) and to the program's health checks;
 - **early stop**: ``on_step_end(step, metrics) -> stop`` after each step (it may add metrics,
   which are then logged); a run it stops is validated, checkpointed and exported like a run
-  that reached its last step.
+  that reached its last step;
+- **rollback** (``trainer.rollback``, RL): each new best validation is saved, and a collapse
+  the health checks see sends the run back to it at a lower lr (`lmrl.trainer.doctor`).
 
 A run that ends (its last step, or an early stop) writes ``run_dir/final`` (`Program.export`).
 """
@@ -39,6 +41,7 @@ import torch
 from lmrl.config.run import RunSettings
 from lmrl.errors import CheckpointError, WorkerError
 from lmrl.trainer.checkpoint import latest_checkpoint, save_checkpoint
+from lmrl.trainer.doctor import Doctor, checkpoint_step
 from lmrl.trainer.resume import RunStart
 from lmrl.trainer.signals import EXIT_CODES, StopOnSignal
 
@@ -170,6 +173,11 @@ class RunLoop:
         self.stopped_early = False
         self.last_saved = program.global_step if program.start.resume_from else -1
         self._tracker_failed = False
+        self.doctor = (
+            Doctor(self.run_dir, settings.max_rollbacks, settings.rollback_lr_factor,
+                   resumed=program.start.resume_from is not None)
+            if getattr(settings, "rollback", False) else None
+        )  # fmt: skip
 
     @property
     def run_dir(self) -> Path:
@@ -196,6 +204,8 @@ class RunLoop:
                     before = self._validate()
                     prog.health.baseline(before)
                     self.log_metrics(before)
+                    if self.doctor is not None and self.doctor.is_new_best(0, before):
+                        self._save(final=False)  # global_step_0: the start to return to
                 while not self.finished and not stop.requested:
                     self._one_step()
                 self.stopped_by = stop.requested
@@ -238,8 +248,30 @@ class RunLoop:
             rows = prog.generations()
             if rows:
                 prog.trackers.log_generations(rows, step=step)
-        if not self.finished and _every(t.save_freq, step):
+        doctor = self.doctor
+        if doctor is not None and doctor.can_roll_back(getattr(prog.health, "collapse", None)):
+            self._roll_back(step)
+            return
+        best = doctor is not None and validated and doctor.is_new_best(step, metrics)
+        if not self.finished and (_every(t.save_freq, step) or best):
             self._save(final=False)
+
+    def _roll_back(self, step: int) -> None:
+        """Back to the best validated checkpoint at a lower lr (`lmrl.trainer.doctor`)."""
+        prog, doctor = self.program, self.doctor
+        path = doctor.keep()
+        number = doctor.rollbacks + 1
+        folder = doctor.abandon(after=checkpoint_step(path))
+        prog.load_checkpoint(path)
+        scale = prog.lower_lr(doctor.lr_factor)
+        prog.health.rewind(prog.global_step)
+        self.validations = {s: v for s, v in self.validations.items() if s <= prog.global_step}
+        self.save_checkpoint()  # the best again, now with the lower lr (a resume keeps it)
+        log.warning("run doctor: rollback %d: from step %d back to step %d (validation %.3f), "
+                    "actor lr x%g from now on; the abandoned checkpoints are in %s", number,
+                    step, prog.global_step, doctor.best[0], scale, folder)  # fmt: skip
+        self.log_metrics({"doctor/rollback": float(number), "doctor/rolled_back_from": float(step),
+                          "doctor/lr_scale": scale})  # fmt: skip
 
     def _validate(self) -> dict[str, float]:
         metrics = self.program.validate()
@@ -263,7 +295,7 @@ class RunLoop:
         path = save_checkpoint(
             self.run_dir, prog.global_step, prog.checkpoint_weights(), prog.state_dict(),
             self.settings.max_ckpt_to_keep, before_manifest=lambda: self.on_stage("save"),
-            command=prog.start.command,
+            command=prog.start.command, keep=self.doctor.keep() if self.doctor else None,
         )  # fmt: skip
         self.last_saved = prog.global_step
         log.info("checkpoint saved: %s", path)

@@ -70,6 +70,13 @@ METRICS: dict[str, str] = {
     "tokens, when old log-probs are recomputed (rollout.dtype or vLLM against the fp32 anchor)",
     "rollout/ratio_outside_frac": "fraction of response tokens whose actor/rollout probability "
     "ratio leaves [0.9, 1.1] (verl issue 6280's measure of the engine gap)",
+    "parity/cause": "the parity probe's verdict, at the one step it ran (trainer.parity_threshold;"
+    " see 'The parity probe' below): 0 unknown, 1 stale weights, 2 tokenization, 3 padding or "
+    "micro-batch shape, 4 dtype",
+    "parity/": "the parity probe's figures at that step, mean |log-prob difference| per response "
+    "token: gap, tokenization_bad_frac (responses that do not survive decode -> encode), "
+    "tokenization_gap_clean, stale_gap_before_sync, stale_gap_after_sync, dtype_shift, "
+    "micro_batch_shift",
     "rollout_corr/": "rollout importance weights (mean, max, ESS, masked fraction, mismatch KL)",
     "reward/scored": "scorings attempted in the step: samples times reward functions (the "
     "denominator of reward/errors, reward/timeouts and reward/no_score)",
@@ -86,6 +93,13 @@ METRICS: dict[str, str] = {
     "timing_s/": "seconds spent in each stage of the step (gen, reward, old_log_prob, ref, "
     "values, adv, update_critic, update_actor, step)",
     "perf/throughput": "tokens (prompt + response) processed per second over the whole step",
+    "perf/memory_probe_s": "seconds of the memory probe before the first step (logged with "
+    "the first step; trainer.memory_probe)",
+    "perf/memory_probe_peak_gib": "the memory probe's torch.cuda.max_memory_allocated (GiB)",
+    "doctor/rollback": "the run doctor rolled back here (trainer.rollback): its number",
+    "doctor/rolled_back_from": "the step the rollback left (its checkpoints are in "
+    "RUN_DIR/rolled_back/<n>/)",
+    "doctor/lr_scale": "the actor's lr as a multiple of actor.optim.lr after the rollback",
     "training/step": "the global step",
     "training/epoch": "the data epoch",
     "val/": "validation: val/<source>/mean@k, pass@k, acc, reward/mean",
@@ -95,6 +109,32 @@ METRICS: dict[str, str] = {
     "sft/tokens": "lmrl sft: assistant tokens in the step's batch",
     "val/sft_loss": "lmrl sft: the same loss on data.val_files",
 }
+
+
+PARITY_DOC = """
+## The parity probe
+
+Every step that recomputes the old log-probs logs the engine's gap from the trainer
+(`rollout/actor_logprob_abs_diff`, the mean |old - rollout| log-prob over response tokens, in
+nats). The first time it exceeds `trainer.parity_threshold` (default 0.05; 0 or null turns it
+off) the trainer probes that step's batch once (`lmrl.trainer.parity`), logs one warning naming
+the cause and what to do, and logs `parity/cause` with the probes' figures at that step. The
+probes run cheapest first and stop at the first that accounts for at least half the gap:
+
+| cause | probe | names it when |
+|---|---|---|
+| tokenization | decode each response and encode the text again (no forward pass) | the responses whose ids change carry the gap and the others are clean (their gap at most the threshold and a quarter of the others') |
+| stale weights | score the same tokens with the engine's model, force its weight sync, score again | the sync removes half the gap; skipped for an engine that generates with the actor's own module (`hf`) or cannot score given tokens (vLLM) |
+| dtype | the engine's scores (or, under `model.mixed_precision`, the actor's) against an fp32 recompute | the engine or the trainer computes below fp32 and the fp32 recompute moves its log-probs by half the gap |
+| padding or micro-batch shape | recompute the actor's log-probs with 1 row per micro-batch (no padding) and with all rows in one | either moves them by half the gap |
+
+None of them: `unknown`, with every figure in the message. Under `trainer.backend=ray` only the
+tokenization probe runs (the actor and the engine live in worker processes). The trigger is the
+mean absolute difference rather than `rollout/mismatch_k3`: it reads in nats per token and the
+probes' figures compare with it in the same unit, where k3 (about d^2/2) hides small per-token
+errors. The default is meant to sit above a healthy bf16 engine's precision gap (about 1e-3 on the
+tiny test model) and below what a missed weight sync or re-tokenized text gives (tenths of a nat).
+"""
 
 
 def metrics_markdown() -> str:
@@ -110,7 +150,7 @@ def metrics_markdown() -> str:
         "|---|---|",
     ]
     lines += [f"| `{name}` | {text} |" for name, text in METRICS.items()]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + PARITY_DOC
 
 
 class StageTimer:

@@ -56,6 +56,7 @@ FREE_TO_CHANGE = (
     "trainer.max_ckpt_to_keep",
     "trainer.logger",
     "trainer.log_generations_freq",
+    "trainer.memory_probe",  # changes nothing: the probe restores all it moves
     "trainer.allow_config_change",
     "trainer.project_name",
     "trainer.default_local_dir",

@@ -327,11 +327,16 @@ def evaluate(cfg: Config, checkpoint: Path) -> dict[str, float]:
 
 
 def _dataset(cfg: Config, files, tokenizer) -> RLDataset:
-    d = cfg.data
+    d, mt = cfg.data, cfg.rollout.multi_turn
+    template_kwargs = {}
+    if mt.enable and mt.format == "chat" and mt.tools:  # the template renders the tools
+        from lmrl.tools.loading import tool_schemas
+
+        template_kwargs["tools"] = tool_schemas(mt.tools, mt.tool_path)
     return RLDataset(
         files, tokenizer, prompt_key=d.prompt_key, reward_fn_key=d.reward_fn_key,
         max_prompt_length=d.max_prompt_length, filter_overlong_prompts=d.filter_overlong_prompts,
-        truncation=d.truncation,
+        truncation=d.truncation, chat_template_kwargs=template_kwargs,
     )  # fmt: skip
 
 

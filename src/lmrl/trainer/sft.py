@@ -36,7 +36,7 @@ from lmrl.data.sft import SFTDataset
 from lmrl.errors import DataError
 from lmrl.logging import make_trackers
 from lmrl.models.loading import export_pretrained, load_causal_lm, load_tokenizer, resolve_device
-from lmrl.models.lora import apply_lora, merged_state
+from lmrl.models.lora import adapter_export, apply_lora, merged_state
 from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
 from lmrl.trainer.health import SFTHealth
 from lmrl.trainer.loop import RunsOnLoop, resume
@@ -224,11 +224,12 @@ class SFTTrainer(RunsOnLoop):
         """Write ``run_dir/final``: the model (LoRA merged) and tokenizer as a plain Hugging
         Face directory that ``lmrl train model.path=...`` loads; written whole, then renamed."""
         m = self.cfg.model
-        weights = self.worker.model_state()
+        weights, extra = self.worker.model_state(), None
         if m.lora_rank > 0:
+            extra = adapter_export(weights, m)  # final/adapter: the adapter in PEFT's format
             weights = merged_state(weights, m.lora_alpha / m.lora_rank)
         return export_pretrained(self.final_dir, weights, m.path, self.tokenizer,
-                                 m.trust_remote_code)  # fmt: skip
+                                 m.trust_remote_code, extra=extra)  # fmt: skip
 
     def close(self) -> None:
         self.trackers.close()

@@ -29,12 +29,14 @@ from lmrl.algos import apply_kl_penalty, rollout_importance_weights
 from lmrl.batch import Batch, response_tokens_mask
 from lmrl.config.schema import TrainerConfig
 from lmrl.errors import CheckpointError
-from lmrl.models.loading import export_pretrained
-from lmrl.models.lora import merged_state
+from lmrl.models.loading import export_pretrained, resolve_device
+from lmrl.models.lora import adapter_export, merged_state
 from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
 from lmrl.trainer.health import RunHealth
 from lmrl.trainer.loop import RunsOnLoop, resume
+from lmrl.trainer.memory_probe import run_memory_probe, wants_probe
 from lmrl.trainer.metrics import StageTimer, data_metrics, engine_gap, throughput, to_floats
+from lmrl.trainer.parity import ParityProbe
 from lmrl.trainer.resume import RunStart
 from lmrl.trainer.run import RunParts
 from lmrl.trainer.stages import rollout_and_score, validate
@@ -60,12 +62,16 @@ class Trainer(RunsOnLoop):
         self.cfg = self.settings = cfg
         tokenizer = parts.tokenizer
         self.health = RunHealth(len(tokenizer) if tokenizer is not None else None)
+        self.parity = ParityProbe(cfg.parity_threshold)  # names the engine gap's cause, once
         self.on_stage = on_stage or (lambda name: None)
         self.run_dir = parts.run_dir
         self.total_steps = parts.total_steps
         self.global_step = 0
         self.last_batch: Batch | None = None
         resume(self)
+        self.probe_metrics: dict[str, float] = {}
+        if wants_probe(cfg.memory_probe, str(resolve_device(cfg.device))):
+            self.probe_metrics = run_memory_probe(parts, parts.config.data.max_prompt_length)
 
     # ---------------------------------------------------------------------- step
     def step(self) -> dict[str, float]:
@@ -92,6 +98,7 @@ class Trainer(RunsOnLoop):
                 metrics["actor/old_log_prob_recomputed"] = 1.0
                 if "rollout_log_probs" in batch:
                     metrics |= engine_gap(batch["old_log_probs"], batch["rollout_log_probs"], mask)
+                    metrics |= self.parity(batch, metrics, p)  # the first large gap
             if plan.log_prob_mode == "rollout_correction":
                 c = plan.correction
                 weights, loss_mask, is_metrics = rollout_importance_weights(
@@ -144,6 +151,8 @@ class Trainer(RunsOnLoop):
         out["perf/throughput"] = throughput(batch, timer.seconds["step"])
         out["training/step"] = float(self.global_step)
         out["training/epoch"] = float(p.sampler.epoch)
+        out |= self.probe_metrics  # the first step's only
+        self.probe_metrics = {}
         self.last_batch = batch
         return out
 
@@ -218,10 +227,20 @@ class Trainer(RunsOnLoop):
         merged, tokenizer included), the ``model.path`` of a next run or of ``lmrl eval``."""
         m = self.parts.config.model
         weights = self.parts.actor.model_state()
+        out, extra = self.run_dir / "final", None
         if m.lora_rank > 0:
+            extra = adapter_export(weights, m)  # final/adapter: the adapter in PEFT's format
             weights = merged_state(weights, m.lora_alpha / m.lora_rank)
-        out = self.run_dir / "final"
-        return export_pretrained(out, weights, m.path, self.parts.tokenizer, m.trust_remote_code)
+        return export_pretrained(out, weights, m.path, self.parts.tokenizer, m.trust_remote_code,
+                                 extra=extra)  # fmt: skip
+
+    def lower_lr(self, factor: float) -> float:
+        """Multiply the actor's learning rate by ``factor`` from now on (the run doctor's
+        rollback); the scale is in the actor's checkpoint state. Returns the scale now."""
+        state = self.parts.actor.state_dict()
+        state["lr_scale"] = state.get("lr_scale", 1.0) * factor
+        self.parts.actor.load_state_dict(state)
+        return state["lr_scale"]
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore the workers' weights and state, the sampler, the KL controller and the RNGs."""

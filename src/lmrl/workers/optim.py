@@ -114,6 +114,8 @@ class TrainableWorker:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optim)
         self.scheduler = build_scheduler(self.optimizer, optim, total_steps)
+        self.built_lrs = list(self.scheduler.base_lrs)  # the configured peak lrs
+        self.lr_scale = 1.0  # times the configured lr: the run doctor's rollback lowers it
         self.generator = torch.Generator().manual_seed(seed)
         self.scaler = self.precision.loss_scaler()  # fp16 compute only
 
@@ -182,22 +184,27 @@ class TrainableWorker:
             "optimizer": self.dp.optimizer_state(self.model, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
+            "lr_scale": self.lr_scale,
         }
         if self.scaler is not None:
             state["loss_scaler"] = self.scaler.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore the moments, step counts, schedule position and shuffling RNG.
+        """Restore the moments, step counts, schedule position, shuffling RNG and lr scale.
 
         The hyperparameters (lr, betas, weight decay) stay the ones this worker was built
         with, so a resume with changed settings (``trainer.allow_config_change``) really
         trains at the new lr, in the param groups and the schedule. Without a change they are
-        the same values, bit for bit.
+        the same values, bit for bit. The peak lr is the configured one times the state's
+        ``lr_scale`` (1 unless the run doctor lowered it, `lmrl.trainer.doctor`).
         """
         optimizer, scheduler = self.optimizer, self.scheduler
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        base_lrs = list(scheduler.base_lrs)
+        self.lr_scale = float(state.get("lr_scale", 1.0))
+        base_lrs = [lr * self.lr_scale for lr in self.built_lrs]
+        for hyper, lr in zip(fresh, base_lrs, strict=True):
+            hyper["initial_lr"] = lr
         self.dp.load_optimizer_state(self.model, optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scheduler.base_lrs = base_lrs

@@ -1,0 +1,341 @@
+"""``lmrl train-flow`` on a diffusers StableDiffusion3Pipeline directory: a tiny SD3 pipeline
+built here from configs (two 2-layer CLIPs, a 1-layer T5, a 2-block SD3 transformer, a 2-level
+VAE with 16 latent channels; random weights, ``save_pretrained``) and loaded through
+``model.path`` as a user's SD3.5 directory is."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lmrl.cli import main as cli_main
+from lmrl.config.flow import load_flow_config
+from lmrl.flow.pipelines import SD3Pipeline
+from lmrl.trainer.flow import FlowTrainer, build_flow, read_prompts
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+GENEVAL_ROWS = [
+    {"tag": "single_object", "include": [{"class": "cat", "count": 1}], "prompt": "a photo of a cat"},
+    {"tag": "colors", "include": [{"class": "dog", "count": 1, "color": "red"}],
+     "prompt": "a photo of a red dog"},
+    {"tag": "counting", "include": [{"class": "cup", "count": 2}], "prompt": "two cups"},
+]  # fmt: skip
+
+
+def build_tiny_sd3(out, t5: bool = True):
+    """A StableDiffusion3Pipeline of tiny random parts, saved in ``out``."""
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import (
+        CLIPTextConfig,
+        CLIPTextModelWithProjection,
+        CLIPTokenizer,
+        T5Config,
+        T5EncoderModel,
+        T5TokenizerFast,
+    )
+
+    torch.manual_seed(0)
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for ch in LETTERS:  # characters, no merges: a character-level CLIP BPE
+        vocab[ch], vocab[ch + "</w>"] = len(vocab), len(vocab) + 1
+    words = out.parent / f"{out.name}_clip_vocab"
+    words.mkdir(parents=True, exist_ok=True)
+    (words / "vocab.json").write_text(json.dumps(vocab))
+    (words / "merges.txt").write_text("#version: 0.2\n")
+    clip_tokenizer = CLIPTokenizer(
+        str(words / "vocab.json"), str(words / "merges.txt"), model_max_length=77
+    )
+
+    def clip():
+        return CLIPTextModelWithProjection(
+            CLIPTextConfig(
+                vocab_size=len(vocab), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                num_attention_heads=2, max_position_embeddings=77, projection_dim=32,
+                bos_token_id=0, eos_token_id=1, pad_token_id=1,
+            )
+        )  # fmt: skip
+
+    t5_model = t5_tokenizer = None
+    if t5:
+        pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+        pieces += [(c, -1.0) for c in "\u2581" + LETTERS]
+        core = Tokenizer(models.Unigram(pieces, unk_id=2))
+        core.pre_tokenizer = pre_tokenizers.Metaspace()
+        t5_tokenizer = T5TokenizerFast(
+            tokenizer_object=core, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
+            extra_ids=0,
+        )  # fmt: skip
+        t5_config = T5Config(
+            vocab_size=len(pieces), d_model=32, d_ff=37, d_kv=8, num_layers=1, num_heads=2,
+            decoder_start_token_id=0,
+        )  # fmt: skip
+        t5_model = T5EncoderModel(t5_config)
+    transformer = SD3Transformer2DModel(
+        sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=2,
+        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
+        caption_projection_dim=16, pooled_projection_dim=64, pos_embed_max_size=16,
+    )  # fmt: skip
+    vae = AutoencoderKL(
+        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 8), layers_per_block=1,
+        latent_channels=16, norm_num_groups=4, sample_size=16, scaling_factor=1.5305,
+        shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False,
+    )  # fmt: skip
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae,
+        text_encoder=clip(), tokenizer=clip_tokenizer, text_encoder_2=clip(),
+        tokenizer_2=clip_tokenizer, text_encoder_3=t5_model, tokenizer_3=t5_tokenizer,
+    )  # fmt: skip
+    pipe.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sd3(tmp_path_factory):
+    """The tiny pipeline and Flow-GRPO's prompt files as they ship."""
+    root = tmp_path_factory.mktemp("sd3")
+    build_tiny_sd3(root / "sd3")
+    (root / "pickscore").mkdir()
+    (root / "pickscore" / "train.txt").write_text("a cat\na red dog\n\ntwo cups\na blue bird\n")
+    (root / "pickscore" / "test.txt").write_text("a cat\na dog\n")
+    (root / "geneval").mkdir()
+    lines = [json.dumps(r) for r in GENEVAL_ROWS + GENEVAL_ROWS[:1]]
+    (root / "geneval" / "train_metadata.jsonl").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _args(root, run, *extra):
+    return [
+        f"model.path={root / 'sd3'}", "model.resolution=16", "model.max_sequence_length=8",
+        f"data.train_files={root / 'pickscore' / 'train.txt'}",
+        f"data.val_files={root / 'pickscore' / 'test.txt'}",
+        f"trainer.default_local_dir={run}", "trainer.logger=[]", "trainer.device=cpu",
+        "trainer.total_training_steps=2", "trainer.save_freq=2", "trainer.test_freq=2",
+        "trainer.val_images_per_prompt=2", "data.train_batch_size=2", "sampler.n=2",
+        "sampler.num_steps=3", "sampler.val_num_steps=2", "actor.micro_batch_size=2",
+        "actor.clip_range=0.2", "actor.optim.lr=1e-2", "reward.name=brightness",
+        "model.lora_rank=4", "model.lora_alpha=8", *extra,
+    ]  # fmt: skip
+
+
+def flow_trainer(args) -> FlowTrainer:
+    return FlowTrainer(build_flow(load_flow_config(None, args)))
+
+
+def test_flow_grpo_prompt_files_load_as_they_ship(sd3, tmp_path):
+    text = read_prompts(str(sd3 / "pickscore" / "train.txt"))
+    assert [r["prompt"] for r in text] == ["a cat", "a red dog", "two cups", "a blue bird"]
+    assert {r["data_source"] for r in text} == {"pickscore"}
+    rows = read_prompts(str(sd3 / "geneval" / "train_metadata.jsonl"))
+    assert [r["prompt"] for r in rows[:3]] == [r["prompt"] for r in GENEVAL_ROWS]
+    assert rows[1]["metadata"]["include"] == [{"class": "dog", "count": 1, "color": "red"}]
+    assert rows[0]["data_source"] == "geneval" and "attributes" not in rows[0]
+
+
+def test_an_sd3_directory_loads_through_model_path(sd3, tmp_path):
+    parts = build_flow(load_flow_config(None, _args(sd3, tmp_path / "run", "model.lora_rank=0")))
+    pipe = parts.pipeline
+    assert isinstance(pipe, SD3Pipeline) and pipe.pipe.text_encoder_3 is not None
+    assert parts.image_shape == (16, 8, 8)  # 16 px through the 2x VAE: 8x8 latents
+    assert parts.sampler.shift == 3.0  # the scheduler's (sampler.shift=null)
+    cond = pipe.cond([{"prompt": "a cat"}, {"prompt": "a dog"}, {"prompt": "a cat"}])
+    # CLIP's 77 tokens + T5's 8, then the pooled row; width max(32 text, 64 pooled)
+    assert cond.shape == (3, 77 + 8 + 1, 64)
+    assert torch.equal(cond[0], cond[2]) and not torch.equal(cond[0], cond[1])
+    assert set(pipe._cache) == {"a cat", "a dog"}  # each prompt encoded once
+    embeds, _, pooled, _ = pipe.pipe.encode_prompt(
+        "a dog", None, None, do_classifier_free_guidance=False, max_sequence_length=8
+    )
+    assert torch.equal(cond[1, :-1, :32], embeds[0]) and torch.equal(cond[1, -1], pooled[0])
+    assert not cond[1, :-1, 32:].any()
+    uncond = pipe.uncond(cond)
+    assert uncond.shape == cond.shape and torch.equal(uncond[0], pipe._encode(""))
+    pixels = pipe.decode(torch.randn(2, 16, 8, 8))
+    assert pixels.shape == (2, 3, 16, 16) and pixels.min() >= 0 and pixels.max() <= 1
+
+
+def test_an_sd3_directory_without_t5_encodes_its_part_as_zeros(tmp_path):
+    """SD3 may ship without T5 (``text_encoder_3`` null): its tokens are zeros."""
+    build_tiny_sd3(tmp_path / "no_t5", t5=False)
+    pipe = SD3Pipeline(tmp_path / "no_t5", torch.device("cpu"), max_sequence_length=8)
+    cond = pipe.cond([{"prompt": "a cat"}])
+    assert cond.shape == (1, 77 + 8 + 1, 64) and pipe.pipe.text_encoder_3 is None
+    assert not cond[0, 77:-1].any() and cond[0, :77].any()
+
+
+def test_sd3_sampling_log_probs_are_the_sde_steps_density(sd3, tmp_path):
+    """Flow-GRPO-Fast's window (steps 1-2 of 4 SDE, the others ODE) with guidance 4.5 and a
+    negative prompt: every SDE step's log-prob is the Gaussian density of the reverse SDE
+    written out here from the transformer called directly (diffusers' own encodings)."""
+    from torch.distributions import Normal
+
+    args = _args(sd3, tmp_path / "run", "sampler.num_steps=4", "sampler.sde_start=1",
+                 "sampler.sde_steps=2", "sampler.guidance_scale=4.5",
+                 "model.negative_prompt=blurry", "model.lora_rank=0")  # fmt: skip
+    parts = build_flow(load_flow_config(None, args))
+    rows = [{"prompt": "a cat"}, {"prompt": "a red dog"}]
+    cond = parts.pipeline.cond(rows)
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randn(2, *parts.image_shape, generator=gen)
+    batch = parts.sampler.sample(
+        parts.model, cond, noise, uncond=parts.pipeline.uncond(cond), generator=gen
+    )
+    assert batch["step_mask"][0].tolist() == [False, True, True, False]
+    assert (batch["log_probs"][:, [0, 3]] == 0).all()
+    pipe = parts.pipeline.pipe
+    pos, neg, pooled, neg_pooled = pipe.encode_prompt(
+        ["a cat", "a red dog"], None, None, negative_prompt=["blurry"] * 2,
+        do_classifier_free_guidance=True, max_sequence_length=8,
+    )  # fmt: skip
+    a, cap = 0.7, float(parts.sampler.times[1])
+    for j in (1, 2):
+        x, t = batch["latents"][:, j], batch["timesteps"][:, j]
+        dt = (batch["next_timesteps"][:, j] - t).view(-1, 1, 1, 1)
+        with torch.no_grad():
+            v_c, v_u = (
+                pipe.transformer(hidden_states=x, timestep=t * 1000, encoder_hidden_states=e,
+                                 pooled_projections=p, return_dict=False)[0]
+                for e, p in ((pos, pooled), (neg, neg_pooled))
+            )  # fmt: skip
+        v = v_u + 4.5 * (v_c - v_u)
+        tb = t.view(-1, 1, 1, 1)
+        sigma = a * torch.sqrt(tb / (1 - tb))
+        mean = x + (v + sigma**2 / (2 * tb) * (x + (1 - tb) * v)) * dt
+        density = Normal(mean, sigma * torch.sqrt(-dt)).log_prob(batch["next_latents"][:, j])
+        expected = density.mean((1, 2, 3))
+        assert torch.allclose(batch["log_probs"][:, j], expected, atol=1e-4), j
+        assert t[0] < cap or j > 0
+
+
+def test_train_flow_on_an_sd3_directory_trains_lora_and_writes_grids(sd3, tmp_path):
+    """``lmrl train-flow`` as a user runs it: GenEval's metadata reach the reward, the LoRA
+    trains, validation writes grids, final/ is the adapter in PEFT's format."""
+    from peft import PeftModel
+    from PIL import Image
+
+    reward = tmp_path / "reward.py"
+    reward.write_text(
+        "def includes(images, prompts, metadata):\n"
+        "    assert all('include' in m for m in metadata), metadata\n"
+        "    return images.mean((1, 2, 3))\n"
+    )
+    run = tmp_path / "run"
+    geneval = sd3 / "geneval" / "train_metadata.jsonl"
+    args = _args(sd3, run, f"data.train_files={geneval}", f"data.val_files={geneval}",
+                 f"reward.path={reward}", "reward.name=includes", "reward.max_error_fraction=0",
+                 "actor.beta=0.1", "sampler.guidance_scale=4.5",
+                 "trainer.logger=[jsonl]")  # fmt: skip
+    assert cli_main(["train-flow", *args]) == 0
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    steps = [m for m in lines if "critic/score/mean" in m]
+    assert [m["step"] for m in steps] == [1, 2] and "actor/kl_loss" in steps[0]
+    assert all(m["reward/errors"] == 0 for m in steps)
+    for step in (0, 2):  # one row per validation prompt, 2 images of 16 px, border 1, scale 4
+        grid = Image.open(run / "samples" / f"step_{step}.png")
+        assert grid.size == (2 * 18 * 4, 4 * 18 * 4)
+    assert "val/geneval/reward/mean" in lines[0]
+    saved = load_file(run / "global_step_2" / "model.safetensors")
+    assert saved and all("lora_" in k for k in saved)  # the adapters, not the base weights
+    assert any(v.abs().sum() > 0 for k, v in saved.items() if "lora_B" in k)  # they trained
+    from diffusers import SD3Transformer2DModel
+
+    base = SD3Transformer2DModel.from_pretrained(sd3 / "sd3" / "transformer")
+    adapted = PeftModel.from_pretrained(base, run / "final")
+    trained = {k.replace(".default", ""): v for k, v in adapted.state_dict().items()}
+    for key, value in saved.items():
+        assert torch.equal(trained[key.removeprefix("transformer.").replace(".default", "")],
+                           value), key  # fmt: skip
+
+
+def test_an_sd3_lora_run_with_ema_resumes_bitwise_exact(sd3, tmp_path):
+    extra = ("actor.ema=true", "actor.ema_every=1", "trainer.total_training_steps=3",
+             "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.val_before_train=false")  # fmt: skip
+    whole = flow_trainer(_args(sd3, tmp_path / "whole", *extra))
+    whole.fit()
+
+    class Stop(Exception):
+        pass
+
+    cut = flow_trainer(_args(sd3, tmp_path / "cut", *extra))
+    step = cut.step
+
+    def step_then_die():
+        if cut.global_step == 2:  # dies in step 3, after the step-2 checkpoint
+            raise Stop
+        return step()
+
+    cut.step = step_then_die
+    with pytest.raises(Stop):
+        cut.fit()
+    resumed = flow_trainer(_args(sd3, tmp_path / "cut", *extra))
+    assert resumed.global_step == 2
+    resumed.fit()
+    expected = load_file(tmp_path / "whole" / "global_step_3" / "model.safetensors")
+    actual = load_file(tmp_path / "cut" / "global_step_3" / "model.safetensors")
+    assert expected.keys() == actual.keys() and all("lora_" in k for k in expected)
+    for key in expected:
+        assert torch.equal(expected[key], actual[key]), key
+    assert resumed.ema.calls == whole.ema.calls == 3
+    for a, b in zip(whole.ema.averaged(), resumed.ema.averaged(), strict=True):
+        assert torch.equal(a, b)
+
+
+def _sdxl(root):
+    (root / "sdxl" / "unet").mkdir(parents=True)
+    index = {
+        "_class_name": "StableDiffusionXLPipeline",
+        "unet": ["diffusers", "UNet2DConditionModel"],
+    }
+    (root / "sdxl" / "model_index.json").write_text(json.dumps(index))
+    return [f"model.path={root / 'sdxl'}"]
+
+
+def _text_model(root):
+    (root / "lm").mkdir()
+    (root / "lm" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (root / "lm" / "model.safetensors").write_bytes(b"")
+    return [f"model.path={root / 'lm'}"]
+
+
+def _no_text_encoder(root, sd3):
+    shutil.copytree(sd3 / "sd3", root / "partial")
+    shutil.rmtree(root / "partial" / "text_encoder_2")
+    return [f"model.path={root / 'partial'}"]
+
+
+def _prompt_file(root, name, text):
+    (root / name).write_text(text)
+    return [f"data.train_files={root / name}"]
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda r, s: _sdxl(r), "holds a diffusers StableDiffusionXLPipeline; lmrl train-flow"),
+        (lambda r, s: _text_model(r), "holds a qwen2 model, not an image pipeline"),
+        (_no_text_encoder, "text_encoder_2 (CLIPTextModelWithProjection) is missing"),
+        (lambda r, s: _prompt_file(r, "p.csv", "prompt\na cat\n"), "not a prompt format"),
+        (lambda r, s: _prompt_file(r, "p.jsonl", '{"text": "a cat"}\n'),
+         'line 1: not a JSON object with a "prompt" string'),
+        (lambda r, s: ["model.resolution=10"], "model.resolution=10 must be a multiple of 4"),
+        (lambda r, s: ["model.target_modules=[to_q,attn.nowhere]"],
+         "'attn.nowhere' matches no module of the SD3 transformer"),
+    ],
+)  # fmt: skip
+def test_bad_sd3_input_is_a_one_line_error_and_writes_nothing(sd3, tmp_path, capsys, make, message):
+    run = tmp_path / "run"
+    code = cli_main(["train-flow", *_args(sd3, run), *make(tmp_path, sd3)])
+    err = capsys.readouterr().err
+    assert code == 2, err[-2000:]
+    assert message in err and "Traceback" not in err
+    assert not run.exists()
