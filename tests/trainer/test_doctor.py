@@ -145,6 +145,14 @@ def test_a_collapsed_run_rolls_back_to_its_best_checkpoint_and_ends_above_the_co
     assert all(int(p.name.split("_")[-1]) > best["step"]
                for folder in (run_dir / "rolled_back").iterdir() for p in folder.iterdir())  # fmt: skip
     assert list_checkpoints(run_dir)[-1].name == "global_step_24"
+    # lmrl plot marks each rollback in the reward and validation panels
+    from lmrl.logging.plot import draw_run, load_metrics
+
+    figure = draw_run(load_metrics(run_dir / "metrics.jsonl"))
+    came_from = int(backs[0]["doctor/rolled_back_from"])
+    for ax in figure.axes[:2]:
+        labels = ax.get_legend_handles_labels()[1]
+        assert f"rollback 1 (from step {came_from})" in labels, labels
 
 
 def test_the_lr_scale_travels_in_the_worker_state(tiny_workspace, tmp_path):

@@ -195,7 +195,7 @@ def test_ray_tune_sweep_runs_both_trials_and_stops_ray(tiny_workspace, tmp_path,
     assert not ray_processes(f"/tmp/lmrl-ray-{os.getpid()}-"), "a Ray process outlived the sweep"
 
 
-@pytest.mark.slow
+@pytest.mark.learning  # ~55 s: in `make test-learning`, out of CI's 15 minutes
 @pytest.mark.timeout(1200)
 def test_lr_sweep_on_the_demos_warm_start_picks_the_rate_that_learns(tmp_path):
     """The demo's SFT warm start (greedy exact match ~0.33), then 20-step GRPO trials with the

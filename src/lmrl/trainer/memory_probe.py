@@ -4,7 +4,8 @@ A run's memory peak comes from its longest prompts and responses, and a real bat
 hold them until hours in: the out-of-memory error then costs the run. The probe runs, at the
 start of every run (fresh or resumed), each stage of a step at its worst shape:
 
-- **generation** of ``data.train_batch_size * rollout.n`` rows, every prompt
+- **generation** of ``data.train_batch_size * rollout.n`` rows (DAPO's ``gen_batch_size``
+  when it is larger), every prompt
   ``data.max_prompt_length`` tokens long (the dataset's longest prompt, repeated to that
   length), every response exactly ``data.max_response_length`` tokens (EOS and stop strings
   ignored; an agent loop's engine is probed without its tools, since ``max_response_length``
@@ -120,7 +121,8 @@ def _worst_step(parts, max_prompt_length: int) -> Batch:
     """Every stage of a step at the config's longest shapes; returns the generated batch."""
     plan = parts.plan
     engine = parts.engine.engine if isinstance(parts.engine, AgentLoop) else parts.engine
-    prompts = probe_prompts(parts.train_data, plan.train_batch_size, max_prompt_length)
+    rows = parts.sampler.batch_size  # a generation batch (DAPO's gen_batch_size, if larger)
+    prompts = probe_prompts(parts.train_data, rows, max_prompt_length)
     sampling = dataclasses.replace(plan.sampling, ignore_eos=True, stop=[], seed=plan.seed)
     batch = engine.generate(prompts, plan.n, sampling)
     batch["old_log_probs"], _ = parts.actor.compute_log_probs(batch)

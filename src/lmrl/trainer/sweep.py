@@ -43,6 +43,7 @@ from pathlib import Path
 
 from lmrl.config import Config, ConfigError, load_config
 from lmrl.errors import LmrlError
+from lmrl.trainer import health
 from lmrl.trainer.sweep_grid import draw_trials, parse_grid
 
 log = logging.getLogger("lmrl.trainer")
@@ -181,12 +182,7 @@ def validation_score(metrics: Mapping[str, float], metric: str | None = None) ->
     if metric is not None:
         value = metrics.get(metric)
         return float(value) if value is not None and math.isfinite(value) else None
-    for suffix in ("/acc", "/reward/mean"):
-        values = [v for k, v in metrics.items()
-                  if k.startswith("val/") and k.endswith(suffix) and math.isfinite(v)]  # fmt: skip
-        if values:
-            return sum(values) / len(values)
-    return None
+    return health.validation_score(metrics)  # the score the health checks and doctor read
 
 
 def slope(points: Mapping[int, float]) -> float | None:
