@@ -267,3 +267,44 @@ def test_search_r1_keys_translate(search_workspace):
     assert cfg.rollout.multi_turn.max_obs_length == 100
     with pytest.raises(ConfigError, match="tool_config_path"):
         load_config(None, [*paths, "actor_rollout_ref.rollout.multi_turn.tool_config_path=/x.yaml"])
+
+
+def test_lmrl_train_in_chat_format_renders_the_tools_into_its_prompts(tmp_path, caplog):
+    """``rollout.multi_turn.format=chat`` through ``lmrl train``: the start-up template check
+    passes, the prompts carry the tools as the template renders them, so no prompt differs
+    from the template's conversation (no warning), and the run trains."""
+    import logging
+
+    from tests.rollout.chat_templates import tokenizer_for
+    from transformers import AutoModelForCausalLM
+
+    from lmrl.data.tasks import write_task
+    from lmrl.models.tiny import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "model", arch="qwen2", size="tiny", seed=0)
+    tok = tokenizer_for("qwen2.5")  # Qwen2.5's template and tokens on the byte tokenizer
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.resize_token_embeddings(len(tok), mean_resizing=False)
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    write_task("digits", tmp_path / "data", seed=0, num_train=8, num_test=4)
+    tools = tmp_path / "tools.py"
+    tools.write_text('def lookup(word: str) -> str:\n    """Look a word up.\n\n    Args:\n'
+                     '        word: the word\n    """\n    return "found " + word\n')  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="lmrl"):
+        code = cli_main([
+            "train", f"model.path={model_dir}", f"data.train_files={tmp_path / 'data' / 'train.parquet'}",
+            "data.max_prompt_length=1024", "data.max_response_length=24",
+            "data.train_batch_size=4", "rollout.n=2", "actor.ppo_mini_batch_size=4",
+            "algorithm.adv_estimator=grpo", "model.enable_gradient_checkpointing=false",
+            "rollout.multi_turn.enable=true", "rollout.multi_turn.format=chat",
+            "rollout.multi_turn.tools=[lookup]", f"rollout.multi_turn.tool_path={tools}",
+            "trainer.total_training_steps=1", "trainer.device=cpu", "trainer.logger=[]",
+            f"trainer.default_local_dir={tmp_path / 'run'}", "reward.num_workers=0",
+        ])  # fmt: skip
+    assert code == 0
+    assert not [r for r in caplog.records if "agent format chat" in r.getMessage()]
+    from transformers import AutoTokenizer
+
+    final = AutoTokenizer.from_pretrained(tmp_path / "run" / "final")
+    assert "<tools>" in final.chat_template  # the run's model keeps the template it spoke
