@@ -28,6 +28,7 @@ def test_probe_defaults_to_a_gpu_only():
     assert wants_probe(None, "cuda:0") and wants_probe(None, "cuda")
     assert not wants_probe(None, "cpu")
     assert wants_probe(True, "cpu") and not wants_probe(False, "cuda")
+    assert not wants_probe(None, "cuda", "ray") and wants_probe(True, "cuda", "ray")
 
 
 def test_probe_prompts_repeat_the_longest_prompt_to_the_limit(tiny_workspace, tmp_path):

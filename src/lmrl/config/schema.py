@@ -466,7 +466,8 @@ class TrainerConfig(RunSettings):
         None,
         "Before the first step, run one step at the longest prompts and responses the config "
         "allows (weights, optimizer and RNGs restored after), so an out-of-memory comes in "
-        "the first minute; null = on a GPU only (a CPU pages instead of failing).",
+        "the first minute; null = on a GPU in one process (a CPU pages instead of failing; "
+        "under Ray set it to true).",
     )
 
 

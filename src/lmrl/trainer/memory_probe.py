@@ -23,8 +23,9 @@ as without the probe; the tests check the weights bit for bit. An out-of-memory 
 probe is the run's out-of-memory error, which ``lmrl train`` reports in one line with
 ``lmrl plan``'s summary, in the first minute instead of at the first long batch.
 
-``trainer.memory_probe``: null (the default) probes on a GPU only, where memory is a hard
-limit; a CPU run pages instead of failing, so there it is worth its time only when asked for.
+``trainer.memory_probe``: null (the default) probes on a GPU in one process, where memory is
+a hard limit; a CPU run pages instead of failing, and under Ray the host snapshot would travel
+through the object store, so there it runs only when asked for (``true``).
 """
 
 from __future__ import annotations
@@ -45,9 +46,13 @@ log = logging.getLogger("lmrl.trainer")
 __all__ = ["probe_prompts", "run_memory_probe", "wants_probe"]
 
 
-def wants_probe(setting: bool | None, device: str) -> bool:
-    """Whether to probe: ``trainer.memory_probe`` (null = on CUDA only) on ``device``."""
-    return device.startswith("cuda") if setting is None else bool(setting)
+def wants_probe(setting: bool | None, device: str, backend: str = "local") -> bool:
+    """Whether to probe: ``trainer.memory_probe``; null = on CUDA in one process only (under
+    Ray the snapshot would bring every weight and optimizer moment through the object store
+    to the driver, so there it runs only when asked for)."""
+    if setting is not None:
+        return bool(setting)
+    return device.startswith("cuda") and backend == "local"
 
 
 def probe_prompts(dataset, rows: int, length: int) -> Batch:

@@ -70,7 +70,7 @@ class Trainer(RunsOnLoop):
         self.last_batch: Batch | None = None
         resume(self)
         self.probe_metrics: dict[str, float] = {}
-        if wants_probe(cfg.memory_probe, str(resolve_device(cfg.device))):
+        if wants_probe(cfg.memory_probe, str(resolve_device(cfg.device)), cfg.backend):
             self.probe_metrics = run_memory_probe(parts, parts.config.data.max_prompt_length)
 
     # ---------------------------------------------------------------------- step
