@@ -172,6 +172,18 @@ def save_checkpoint(
     return final
 
 
+def checkpoint_step(path: Path) -> int:
+    """The step of a ``global_step_<N>`` directory.
+
+    Raises:
+        ValueError: ``path`` is not named ``global_step_<N>``.
+    """
+    m = _STEP_DIR.match(Path(path).name)
+    if m is None:
+        raise ValueError(f"{path} is not a global_step_<N> directory")
+    return int(m.group(1))
+
+
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """``global_step_<N>`` directories of ``run_dir``, oldest first (validity not checked)."""
     run_dir = Path(run_dir)

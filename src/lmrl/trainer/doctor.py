@@ -28,20 +28,15 @@ import logging
 import shutil
 from pathlib import Path
 
-from lmrl.trainer.checkpoint import list_checkpoints
+from lmrl.trainer.checkpoint import checkpoint_step, list_checkpoints
 from lmrl.trainer.health import validation_score
 
 log = logging.getLogger("lmrl.trainer")
 
-__all__ = ["ROLLED_BACK", "Doctor", "checkpoint_step"]
+__all__ = ["ROLLED_BACK", "Doctor"]
 
 ROLLED_BACK = "rolled_back"
 BEST_FILE = "best_validation.json"  # {"score", "step"}: the checkpoint a rollback returns to
-
-
-def checkpoint_step(path: Path) -> int:
-    """The step of a ``global_step_<N>`` directory."""
-    return int(path.name.removeprefix("global_step_"))
 
 
 class Doctor:

@@ -40,8 +40,8 @@ import torch
 
 from lmrl.config.run import RunSettings
 from lmrl.errors import CheckpointError, WorkerError
-from lmrl.trainer.checkpoint import latest_checkpoint, save_checkpoint
-from lmrl.trainer.doctor import Doctor, checkpoint_step
+from lmrl.trainer.checkpoint import checkpoint_step, latest_checkpoint, save_checkpoint
+from lmrl.trainer.doctor import Doctor
 from lmrl.trainer.resume import RunStart
 from lmrl.trainer.signals import EXIT_CODES, StopOnSignal
 

@@ -236,11 +236,12 @@ class Trainer(RunsOnLoop):
 
     def lower_lr(self, factor: float) -> float:
         """Multiply the actor's learning rate by ``factor`` from now on (the run doctor's
-        rollback); the scale is in the actor's checkpoint state. Returns the scale now."""
-        state = self.parts.actor.state_dict()
-        state["lr_scale"] = state.get("lr_scale", 1.0) * factor
-        self.parts.actor.load_state_dict(state)
-        return state["lr_scale"]
+        rollback); the scale is in the actor's checkpoint state. Returns the scale now.
+
+        ``scale_lr`` is a method of every trained worker (`lmrl.workers.optim.TrainableWorker`
+        and a Ray group's stand-in) beside the roles' verl-named methods: it sets one scalar,
+        where a round trip through ``state_dict`` would ship the whole optimizer state."""
+        return self.parts.actor.scale_lr(factor)
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore the workers' weights and state, the sampler, the KL controller and the RNGs."""

@@ -265,6 +265,9 @@ class RankWorker:
         if "rank_rng" in state:
             torch.set_rng_state(state["rank_rng"])
 
+    def scale_lr(self, role: str, factor: float) -> float:
+        return self._role(role).scale_lr(factor)
+
     def weights(self, role: str) -> dict[str, torch.Tensor] | None:
         state = self._role(role).model_state()
         return state if self.rank == 0 else None
@@ -503,6 +506,9 @@ class _Trained:
                 s["rank_rng"] = rngs[rank]
             per_rank.append((self.role, s))
         self.group.call_each("load_state", per_rank)
+
+    def scale_lr(self, factor: float) -> float:
+        return self.group.call("scale_lr", self.role, factor)[0]
 
     def model_state(self) -> dict[str, torch.Tensor]:
         return self.group.call("weights", self.role)[0]

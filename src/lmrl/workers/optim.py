@@ -190,6 +190,25 @@ class TrainableWorker:
             state["loss_scaler"] = self.scaler.state_dict()
         return state
 
+    def scale_lr(self, factor: float) -> float:
+        """Multiply the peak lr by ``factor`` from now on (kept in `state_dict` as
+        ``lr_scale``); returns the scale now. The run doctor's rollback calls it."""
+        self.lr_scale *= factor
+        self._set_lrs()
+        return self.lr_scale
+
+    def _set_lrs(self) -> None:
+        """The schedule's peak lrs and the param groups' current lrs from the configured ones
+        times ``lr_scale``: the same arithmetic after `scale_lr` and after a resume."""
+        scheduler = self.scheduler
+        scheduler.base_lrs = [lr * self.lr_scale for lr in self.built_lrs]
+        for group, base, factor in zip(
+            self.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas, strict=True
+        ):
+            group["initial_lr"] = base
+            group["lr"] = base * factor(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
     def load_state_dict(self, state: dict) -> None:
         """Restore the moments, step counts, schedule position, shuffling RNG and lr scale.
 
@@ -201,19 +220,12 @@ class TrainableWorker:
         """
         optimizer, scheduler = self.optimizer, self.scheduler
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        self.lr_scale = float(state.get("lr_scale", 1.0))
-        base_lrs = [lr * self.lr_scale for lr in self.built_lrs]
-        for hyper, lr in zip(fresh, base_lrs, strict=True):
-            hyper["initial_lr"] = lr
         self.dp.load_optimizer_state(self.model, optimizer, state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        scheduler.base_lrs = base_lrs
-        for group, hyper, base, factor in zip(
-            optimizer.param_groups, fresh, base_lrs, scheduler.lr_lambdas, strict=True
-        ):
+        for group, hyper in zip(optimizer.param_groups, fresh, strict=True):
             group.update(hyper)
-            group["lr"] = base * factor(scheduler.last_epoch)
-        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        self.lr_scale = float(state.get("lr_scale", 1.0))
+        self._set_lrs()
         self.generator.set_state(state["generator"])
         if self.scaler is not None and "loss_scaler" in state:
             self.scaler.load_state_dict(state["loss_scaler"])
