@@ -15,8 +15,17 @@ trained (Flow-GRPO), and Flow-GRPO-Fast's ``--sde-steps`` SDE steps at the start
 trained). For each: the median over ``--repeat`` steps (after one warm-up step) of sampling and
 update time, images per second of a whole step, and the peak GPU memory of the step.
 
+With ``--train-flow`` it times ``lmrl train-flow`` itself instead: a random pipeline of SD3.5
+Medium's shape (`lmrl.flow.random_sd3`: text encoders, VAE, transformer; ``--tiny``: the tests'
+tiny one) is written to a temporary directory and loaded through ``model.path`` as a user's
+SD3.5; each layout runs ``--repeat`` + 1 steps of ``--images`` images (prompts x 4) with LoRA,
+bf16 compute and CFG, and the figures come from the run's own ``metrics.jsonl`` (the first
+step is the warm-up): seconds a step, images/s, its parts, and the peak GPU memory.
+
     python benchmarks/flow_sd3.py                          # CUDA; ~2 min on an H100/H200
     python benchmarks/flow_sd3.py --tiny --device cpu      # a 2-block smoke run on a CPU
+    python benchmarks/flow_sd3.py --train-flow             # lmrl train-flow on SD3.5-M's shape
+    python benchmarks/flow_sd3.py --train-flow --tiny --device cpu
 """
 
 from __future__ import annotations
@@ -145,6 +154,65 @@ def one_layout(name: str, sampler: FlowSampler, args) -> dict:
     return {"step": step, **med}
 
 
+def train_flow(args) -> dict[str, dict[str, float]]:
+    """``lmrl train-flow`` on a random SD3 pipeline directory, per layout (see the docstring)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from lmrl.config.flow import load_flow_config
+    from lmrl.flow.random_sd3 import build_random_sd3
+    from lmrl.trainer.flow import FlowTrainer, build_flow
+
+    root = Path(tempfile.mkdtemp(prefix="lmrl-flow-sd3-"))
+    started = time.perf_counter()
+    build_random_sd3(root / "pipeline", "tiny" if args.tiny else "sd35-medium")
+    print(f"random pipeline written in {time.perf_counter() - started:.0f} s")
+    words = ["red", "blue", "green", "cat", "dog", "cup", "tree", "car"]
+    lines = [f"a {a} {b}" for a in words[:3] for b in words[3:]]
+    (root / "train.txt").write_text("\n".join(lines) + "\n")
+    per_prompt = 4
+    resolution = 16 if args.tiny else args.resolution  # the tiny VAE down-samples 2x
+    results = {}
+    for layout in args.layouts.split(","):
+        window = [f"sampler.sde_steps={args.sde_steps}"] if layout == "fast" else []
+        run = root / f"run_{layout}"
+        overrides = [
+            f"model.path={root / 'pipeline'}", f"model.resolution={resolution}",
+            f"data.train_files={root / 'train.txt'}", f"trainer.default_local_dir={run}",
+            f"trainer.device={args.device}", "trainer.logger=[jsonl]", "trainer.save_freq=-1",
+            "trainer.test_freq=-1", "trainer.val_before_train=false",
+            f"trainer.total_training_steps={args.repeat + 1}",
+            f"data.train_batch_size={max(1, args.images // per_prompt)}",
+            f"sampler.n={per_prompt}", f"sampler.num_steps={args.num_steps}",
+            f"sampler.guidance_scale={args.cfg}", f"actor.micro_batch_size={args.micro}",
+            f"model.lora_rank={args.lora_rank}", "mixed_precision=bf16", "reward.name=brightness",
+            *window,
+        ]  # fmt: skip
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        trainer = FlowTrainer(build_flow(load_flow_config(None, overrides)))
+        trainer.fit()
+        trainer.close()
+        steps = [json.loads(x) for x in (run / "metrics.jsonl").open() if '"timing_s/step"' in x]
+        measured = steps[1:] or steps
+        med = {k: statistics.median(m[f"timing_s/{k}"] for m in measured)
+               for k in ("sample", "reward", "update", "step")}  # fmt: skip
+        images = len(lines[: max(1, args.images // per_prompt)]) * per_prompt
+        print(f"\nlmrl train-flow, {'Flow-GRPO-Fast' if window else 'Flow-GRPO'}: {images} images "
+              f"at {resolution}px, {args.num_steps} steps, CFG {args.cfg}, LoRA "
+              f"{args.lora_rank}")  # fmt: skip
+        for key in ("sample", "reward", "update"):
+            print(f"  {key:<8} {med[key]:7.2f} s  ({100 * med[key] / med['step']:4.1f}%)")
+        print(f"  {'step':<8} {med['step']:7.2f} s   {images / med['step']:6.2f} images/s")
+        if args.device.startswith("cuda"):
+            med["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            print(f"  peak GPU memory {med['peak_gib']:.1f} GiB")
+        results[layout] = med
+        del trainer
+    return results
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cuda")
@@ -159,6 +227,7 @@ def main() -> None:
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     p.add_argument("--repeat", type=int, default=2, help="measured steps (after a warm-up)")
     p.add_argument("--layouts", default="fast,full", help="fast, full or both")
+    p.add_argument("--train-flow", action="store_true", help="time lmrl train-flow itself")
     args = p.parse_args()
     if args.tiny:
         args.resolution = 128
@@ -171,6 +240,12 @@ def main() -> None:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
     common = dict(num_steps=args.num_steps, noise_level=0.7, shift=3.0,
                   guidance_scale=args.cfg)  # fmt: skip
+    if args.train_flow:
+        results = train_flow(args)
+        if len(results) == 2:
+            ratio = results["fast"]["step"] / results["full"]["step"]
+            print(f"\nFast / full step time: {ratio:.2f}")
+        return
     results = {}
     for layout in args.layouts.split(","):
         if layout == "full":

@@ -11,6 +11,8 @@
 #     importlib_metadata==9.1.0 pyvers==0.2.3
 # (.whl is git-ignored through .git/info/exclude). Each step has its own timeout; together
 # they fit in about 9 minutes on an H100/H200, most important first. Results go to $OUT.
+# `bash benchmarks/gpu_checks.sh flow` runs issue 35's instead (about 7 minutes): lmrl
+# train-flow on a random pipeline of SD3.5 Medium's shape, the marked test and the benchmark.
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
@@ -21,10 +23,23 @@ export PYTHONPATH=/tmp/site:$PWD/src HF_HUB_OFFLINE=1 HF_HOME=/tmp/hf PYTHONUNBU
 T0=$(date +%s)
 mark() { echo "== $1 at $(( $(date +%s) - T0 )) s"; }
 
+if [ "${1:-}" = flow ]; then
+    mark "SD3.5-M-shaped train-flow test (issue 35)"
+    timeout 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu --timeout=290 \
+        tests/flow/test_sd3.py -k sd35 > "$OUT/flow_gpu_test.log" 2>&1
+    tail -8 "$OUT/flow_gpu_test.log"
+    mark "flow_sd3 --train-flow: images/s, peak memory, Fast against full (issue 35)"
+    timeout 270 python3 benchmarks/flow_sd3.py --train-flow --images 16 --repeat 1 \
+        > "$OUT/flow_sd3_train_flow.log" 2>&1
+    tail -20 "$OUT/flow_sd3_train_flow.log"
+    mark done
+    exit 0
+fi
+
 mark "gpu tests (issues 32, 33, 35)"
 timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu --timeout=140 \
     tests/trainer/test_memory_probe.py tests/trainer/test_gpu.py tests/rollout/test_static_decode.py \
-    tests/flow > "$OUT/gpu_tests.log" 2>&1
+    tests/flow -k "not sd35" > "$OUT/gpu_tests.log" 2>&1
 tail -8 "$OUT/gpu_tests.log"
 
 mark "precision_step (issue 32: fp32 against bf16 over fp32 masters, s/step and peak memory)"

@@ -184,6 +184,8 @@ def _config_command(
         plan = f"; {oom_plan(cfg)}; `lmrl plan` with the same keys shows every phase" if (
             oom_plan is not None) else ""  # fmt: skip
         raise LmrlError(f"out of memory: {first}{plan}") from err
+    for line in program.summary() if program.exit_code == 0 else []:
+        print(line)
     print(f"run directory: {program.run_dir}")
     if program.exit_code == 0 and (program.run_dir / "final").is_dir():
         print(f"model: {program.run_dir / 'final'}")
@@ -350,9 +352,10 @@ def _eval(args: argparse.Namespace) -> int:
     path = args.path
     run_dir = path if (path / "config.yaml").exists() else path.parent
     owner = run_owner(run_dir) if (run_dir / "config.yaml").exists() else None
-    if owner not in (None, "lmrl train"):
+    if owner not in (None, "lmrl train", "lmrl train-flow"):
         raise CheckpointError(
-            f"{run_dir} was made by `{owner}`; `lmrl eval` evaluates checkpoints of `lmrl train`"
+            f"{run_dir} was made by `{owner}`; `lmrl eval` evaluates checkpoints of `lmrl train` "
+            "and `lmrl train-flow`"
         )
     if run_dir == path:
         checkpoint, skipped = scan_checkpoints(path)
@@ -369,6 +372,16 @@ def _eval(args: argparse.Namespace) -> int:
             f"{path} is neither a run directory with a checkpoint nor a checkpoint "
             "(global_step_N) inside one"
         )
+    if owner == "lmrl train-flow":  # an image run: its images scored by any reward
+        from lmrl.config.flow import load_flow_config
+        from lmrl.trainer.flow_report import evaluate_flow
+
+        cfg = load_flow_config(
+            checkpoint.parent / "config.yaml",
+            [f"trainer.default_local_dir={checkpoint.parent}", *args.overrides],
+        )
+        print(json.dumps(evaluate_flow(cfg, checkpoint), indent=1))
+        return 0
     cfg = load_config(
         checkpoint.parent / "config.yaml",
         [f"trainer.resume_mode={checkpoint}", *args.overrides],
@@ -411,7 +424,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "path", type=Path, help="a run directory (its latest checkpoint) or a checkpoint"
     )
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. rollout.val_kwargs.n=4")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value",
+        help="e.g. rollout.val_kwargs.n=4; an image run: reward.name=brightness",
+    )  # fmt: skip
     p.set_defaults(func=_eval)
 
     p = sub.add_parser("sft", help="supervised fine-tuning (warm start)", add_help=False)

@@ -6,6 +6,7 @@ VAE with 16 latent channels; random weights, ``save_pretrained``) and loaded thr
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import pytest
@@ -14,10 +15,11 @@ from safetensors.torch import load_file
 
 from lmrl.cli import main as cli_main
 from lmrl.config.flow import load_flow_config
+from lmrl.errors import ModelError
 from lmrl.flow.pipelines import SD3Pipeline
+from lmrl.flow.random_sd3 import build_random_sd3
 from lmrl.trainer.flow import FlowTrainer, build_flow, read_prompts
 
-LETTERS = "abcdefghijklmnopqrstuvwxyz"
 GENEVAL_ROWS = [
     {"tag": "single_object", "include": [{"class": "cat", "count": 1}], "prompt": "a photo of a cat"},
     {"tag": "colors", "include": [{"class": "dog", "count": 1, "color": "red"}],
@@ -28,76 +30,7 @@ GENEVAL_ROWS = [
 
 def build_tiny_sd3(out, t5: bool = True):
     """A StableDiffusion3Pipeline of tiny random parts, saved in ``out``."""
-    from diffusers import (
-        AutoencoderKL,
-        FlowMatchEulerDiscreteScheduler,
-        SD3Transformer2DModel,
-        StableDiffusion3Pipeline,
-    )
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import (
-        CLIPTextConfig,
-        CLIPTextModelWithProjection,
-        CLIPTokenizer,
-        T5Config,
-        T5EncoderModel,
-        T5TokenizerFast,
-    )
-
-    torch.manual_seed(0)
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for ch in LETTERS:  # characters, no merges: a character-level CLIP BPE
-        vocab[ch], vocab[ch + "</w>"] = len(vocab), len(vocab) + 1
-    words = out.parent / f"{out.name}_clip_vocab"
-    words.mkdir(parents=True, exist_ok=True)
-    (words / "vocab.json").write_text(json.dumps(vocab))
-    (words / "merges.txt").write_text("#version: 0.2\n")
-    clip_tokenizer = CLIPTokenizer(
-        str(words / "vocab.json"), str(words / "merges.txt"), model_max_length=77
-    )
-
-    def clip():
-        return CLIPTextModelWithProjection(
-            CLIPTextConfig(
-                vocab_size=len(vocab), hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                num_attention_heads=2, max_position_embeddings=77, projection_dim=32,
-                bos_token_id=0, eos_token_id=1, pad_token_id=1,
-            )
-        )  # fmt: skip
-
-    t5_model = t5_tokenizer = None
-    if t5:
-        pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-        pieces += [(c, -1.0) for c in "\u2581" + LETTERS]
-        core = Tokenizer(models.Unigram(pieces, unk_id=2))
-        core.pre_tokenizer = pre_tokenizers.Metaspace()
-        t5_tokenizer = T5TokenizerFast(
-            tokenizer_object=core, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-            extra_ids=0,
-        )  # fmt: skip
-        t5_config = T5Config(
-            vocab_size=len(pieces), d_model=32, d_ff=37, d_kv=8, num_layers=1, num_heads=2,
-            decoder_start_token_id=0,
-        )  # fmt: skip
-        t5_model = T5EncoderModel(t5_config)
-    transformer = SD3Transformer2DModel(
-        sample_size=8, patch_size=2, in_channels=16, out_channels=16, num_layers=2,
-        attention_head_dim=8, num_attention_heads=2, joint_attention_dim=32,
-        caption_projection_dim=16, pooled_projection_dim=64, pos_embed_max_size=16,
-    )  # fmt: skip
-    vae = AutoencoderKL(
-        in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 8), layers_per_block=1,
-        latent_channels=16, norm_num_groups=4, sample_size=16, scaling_factor=1.5305,
-        shift_factor=0.0609, use_quant_conv=False, use_post_quant_conv=False,
-    )  # fmt: skip
-    pipe = StableDiffusion3Pipeline(
-        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=vae,
-        text_encoder=clip(), tokenizer=clip_tokenizer, text_encoder_2=clip(),
-        tokenizer_2=clip_tokenizer, text_encoder_3=t5_model, tokenizer_3=t5_tokenizer,
-    )  # fmt: skip
-    pipe.save_pretrained(out)
-    return out
+    return build_random_sd3(out, "tiny", t5=t5)
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +173,9 @@ def test_train_flow_on_an_sd3_directory_trains_lora_and_writes_grids(sd3, tmp_pa
     steps = [m for m in lines if "critic/score/mean" in m]
     assert [m["step"] for m in steps] == [1, 2] and "actor/kl_loss" in steps[0]
     assert all(m["reward/errors"] == 0 for m in steps)
+    # the prompt fidelity beside the user's reward: the red dog's colour and count are judged
+    assert "flow/fidelity/score" in steps[0] and "flow/fidelity/shape" not in steps[0]
+    assert {"val/geneval/fidelity/colour", "val/geneval/fidelity/count"} <= set(lines[0])
     for step in (0, 2):  # one row per validation prompt, 2 images of 16 px, border 1, scale 4
         grid = Image.open(run / "samples" / f"step_{step}.png")
         assert grid.size == (2 * 18 * 4, 4 * 18 * 4)
@@ -255,6 +191,13 @@ def test_train_flow_on_an_sd3_directory_trains_lora_and_writes_grids(sd3, tmp_pa
     for key, value in saved.items():
         assert torch.equal(trained[key.removeprefix("transformer.").replace(".default", "")],
                            value), key  # fmt: skip
+    # final/ starts another run's LoRA (Flow-GRPO's train.lora_path), its rank must be this one's
+    again = flow_trainer(_args(sd3, tmp_path / "again", "train.lora_path=" + str(run / "final")))
+    start = again.model.state_dict()
+    assert all(torch.equal(start[key], value) for key, value in saved.items())
+    with pytest.raises(ModelError, match="adapter of rank 4 on"):
+        flow_trainer(_args(sd3, tmp_path / "r8", f"model.lora_path={run / 'final'}",
+                           "model.lora_rank=8"))  # fmt: skip
 
 
 def test_an_sd3_lora_run_with_ema_resumes_bitwise_exact(sd3, tmp_path):
@@ -328,8 +271,13 @@ def _prompt_file(root, name, text):
         (lambda r, s: _prompt_file(r, "p.jsonl", '{"text": "a cat"}\n'),
          'line 1: not a JSON object with a "prompt" string'),
         (lambda r, s: ["model.resolution=10"], "model.resolution=10 must be a multiple of 4"),
+        (lambda r, s: ["model.resolution=128"], "more than the transformer's positions cover"),
         (lambda r, s: ["model.target_modules=[to_q,attn.nowhere]"],
          "'attn.nowhere' matches no module of the SD3 transformer"),
+        (lambda r, s: ["reward.name=geneval"], "reward.name=geneval can judge nothing of these"),
+        (lambda r, s: [f"model.lora_path={r}"], "not a PEFT adapter directory"),
+        (lambda r, s: [f"data.train_files={r}"], "no train.txt or train_metadata.jsonl"),
+        (lambda r, s: ["mixed_precision=fp8"], "mixed_precision='fp8': expected one of no, bf16"),
     ],
 )  # fmt: skip
 def test_bad_sd3_input_is_a_one_line_error_and_writes_nothing(sd3, tmp_path, capsys, make, message):
@@ -339,3 +287,57 @@ def test_bad_sd3_input_is_a_one_line_error_and_writes_nothing(sd3, tmp_path, cap
     assert code == 2, err[-2000:]
     assert message in err and "Traceback" not in err
     assert not run.exists()
+
+
+def test_a_bf16_lora_run_keeps_the_frozen_base_in_bf16(sd3, tmp_path):
+    """Under bf16 compute the LoRA's frozen base is stored in bf16 (half the memory of fp32
+    masters) and the adapters in fp32; a step trains them."""
+    trainer = flow_trainer(_args(sd3, tmp_path / "run", "mixed_precision=bf16",
+                                 "trainer.val_before_train=false"))  # fmt: skip
+    params = dict(trainer.model.named_parameters())
+    lora = {n for n, p in params.items() if p.requires_grad}
+    assert lora and all("lora_" in n and params[n].dtype == torch.float32 for n in lora)
+    assert {p.dtype for n, p in params.items() if n not in lora} == {torch.bfloat16}
+    before = {n: params[n].detach().clone() for n in lora}
+    metrics = trainer.step()
+    assert math.isfinite(metrics["actor/pg_loss"])
+    assert any(not torch.equal(before[n], params[n]) for n in lora)
+
+
+@pytest.mark.gpu
+def test_train_flow_at_sd35_medium_shape_on_a_gpu(tmp_path):
+    """``lmrl train-flow`` on a random pipeline of SD3.5 Medium's shape (2.24B transformer, SD3's
+    VAE) as a user runs it: LoRA 32 on the joint attention, bf16 compute over fp32 masters,
+    CFG 4.5, Flow-GRPO-Fast's window, EMA, 512 px. On-policy the first update clips nothing,
+    the adapters train, the grids are written, and the checkpoint loads back into a new run."""
+    build_random_sd3(tmp_path / "sd35m", "sd35-medium")
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    (prompts / "train.txt").write_text("a red cat\na blue dog\na green cup\na cube\n")
+    (prompts / "test.txt").write_text("a red cat\n")
+    run = tmp_path / "run"
+    args = [
+        f"model.path={tmp_path / 'sd35m'}", "model.resolution=512", f"data.train_files={prompts}",
+        f"data.val_files={prompts}", f"trainer.default_local_dir={run}", "trainer.logger=[jsonl]",
+        "trainer.device=cuda", "trainer.total_training_steps=2", "trainer.save_freq=2",
+        "trainer.test_freq=2", "trainer.val_images_per_prompt=2", "data.train_batch_size=2",
+        "sampler.n=4", "sampler.num_steps=10", "sampler.sde_steps=2", "sampler.val_num_steps=10",
+        "sampler.guidance_scale=4.5", "actor.micro_batch_size=4", "actor.clip_range=1e-4",
+        "actor.optim.lr=3e-4", "actor.ema=true", "actor.ema_every=1", "reward.name=brightness",
+        "use_lora=true", "mixed_precision=bf16",
+    ]  # fmt: skip
+    torch.cuda.reset_peak_memory_stats()
+    trainer = flow_trainer(args)
+    history = trainer.fit()
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    print(f"SD3.5-M shape, 8 images at 512 px: {history[-1]['timing_s/step']:.1f} s a step, "
+          f"peak {peak:.1f} GiB")  # fmt: skip
+    assert history[0]["actor/pg_clipfrac"] < 0.05  # bf16 on-policy: the ratio stays ~1
+    saved = load_file(run / "global_step_2" / "model.safetensors")
+    assert saved and all("lora_" in k for k in saved)
+    assert any(v.abs().sum() > 0 for k, v in saved.items() if "lora_B" in k)
+    assert (run / "samples" / "step_2.png").is_file() and (run / "final").is_dir()
+    again = flow_trainer([*args, "trainer.total_training_steps=3"])  # resumes at step 2
+    assert again.global_step == 2
+    state = again.model.state_dict()
+    assert all(torch.equal(state[k].cpu(), v) for k, v in saved.items())

@@ -205,6 +205,42 @@ def test_flow_grpo_keys_translate(flow_workspace, tmp_path):
     ])  # fmt: skip
     assert (cfg.sampler.noise_level, cfg.actor.clip_range, cfg.actor.optim.lr) == (0.5, 2e-4, 3e-4)
     assert (cfg.sampler.n, cfg.actor.beta, cfg.actor.ema) == (4, 0.04, True)
+    cfg = load_flow_config(None, [
+        *_args(flow_workspace, tmp_path / "r"), "use_lora=true", "mixed_precision=bf16",
+        "train.adam_beta2=0.99", "resolution=16", "sample.global_std=true", "train.batch_size=4",
+        "num_checkpoint_limit=3", "seed=7", "sample.train_batch_size=8", "train.cfg=true",
+    ])  # fmt: skip
+    assert (cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.resolution) == (32, None, 16)
+    assert cfg.model.mixed_precision.param_dtype == "bfloat16"
+    assert cfg.actor.optim.betas == [0.9, 0.99] and cfg.actor.global_std
+    assert (cfg.actor.micro_batch_size, cfg.trainer.max_ckpt_to_keep, cfg.trainer.seed) == (4, 3, 7)
+
+
+def test_eval_scores_an_image_run_with_another_reward(flow_workspace, tmp_path, capsys):
+    """``lmrl train-flow`` ends with its before/after and logs the prompt fidelity beside a
+    reward of another kind; ``lmrl eval RUN reward.name=...`` scores the last checkpoint's
+    images with any reward and writes only their grid."""
+    run = tmp_path / "run"
+    args = _args(flow_workspace, run, "trainer.total_training_steps=2", "trainer.logger=[jsonl]",
+                 "reward.name=brightness", "trainer.val_images_per_prompt=1")  # fmt: skip
+    assert cli_main(["train-flow", *args]) == 0
+    out = capsys.readouterr().out
+    assert "before -> after:" in out and "val/shapes/reward/mean: " in out
+    assert "val/shapes/fidelity/score" in out and "train reward (first/last 3 steps)" in out
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    steps = [m for m in lines if "critic/score/mean" in m]
+    assert all(f"flow/fidelity/{c}" in steps[0] for c in ("score", "colour", "shape"))
+    logged = (run / "metrics.jsonl").read_text()
+    evaluate = ["eval", str(run), "reward.name=geneval", "trainer.val_images_per_prompt=2"]
+    assert cli_main(evaluate) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["checkpoint"] == str(run / "global_step_2")
+    assert 0 <= report["val/shapes/reward/mean"] <= 1 and "val/shapes/check/shape" in report
+    assert report["images"] == str(run / "eval" / "global_step_2-geneval.png")
+    assert (run / "metrics.jsonl").read_text() == logged  # the run's own files are untouched
+    assert sorted(p.name for p in (run / "eval").iterdir()) == ["global_step_2-geneval.png"]
+    assert cli_main(["eval", str(run), "reward.name=nope"]) == 2
+    assert "not a built-in image reward" in capsys.readouterr().err
 
 
 def test_the_fast_flow_demo_runs_end_to_end(tmp_path, capsys):

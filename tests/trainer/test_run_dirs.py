@@ -187,14 +187,14 @@ def test_eval_of_an_rl_run_and_of_its_checkpoint(runs, tiny_workspace, capsys):
         assert out["checkpoint"] == str(run_dir / checkpoint) and "val/digits/acc" in str(out)
 
 
-@pytest.mark.parametrize("owner", ["train-flow", "sft"])
-def test_eval_of_another_commands_run_is_one_line(owner, copy_of, capsys):
-    run_dir = copy_of(owner)
+def test_eval_of_an_sft_run_is_one_line(copy_of, capsys):
+    """(An image run's eval: tests/trainer/test_flow_run.py.)"""
+    run_dir = copy_of("sft")
     for path in (run_dir, run_dir / "global_step_2"):
         line = refused(["eval", path], capsys)
         assert line == (
-            f"lmrl eval: error: {run_dir} was made by `lmrl {owner}`; `lmrl eval` evaluates "
-            "checkpoints of `lmrl train`"
+            f"lmrl eval: error: {run_dir} was made by `lmrl sft`; `lmrl eval` evaluates "
+            "checkpoints of `lmrl train` and `lmrl train-flow`"
         )
 
 

@@ -49,13 +49,21 @@ class FlowModelConfig:
         "LoRA rank; 0 = train every weight (Flow-GRPO's SD3: 32). The reference is the "
         "adapter-off model.",
     )
-    lora_alpha: int = opt(16, "LoRA alpha (scale alpha / rank; Flow-GRPO's SD3: 64).")
+    lora_alpha: int | None = opt(
+        None, "LoRA alpha (scale alpha / rank); null = 2 x lora_rank (Flow-GRPO's SD3: 32, 64)."
+    )
     target_modules: list[str] | None = opt(
         None,
         "Module names LoRA adapts (a name or a dotted suffix of one); each must match a module. "
         "null = the model's: SD3's joint attention projections as Flow-GRPO (attn.to_q/k/v, "
         "attn.to_out.0, attn.add_q/k/v_proj, attn.to_add_out); ImageFlow's attention "
         "projections and convolutions (to_q, to_k, to_v, to_out.0, conv1, conv2).",
+    )
+    lora_path: str | None = opt(
+        None,
+        "A PEFT adapter directory the LoRA starts from (an SD3 run's final/; Flow-GRPO's "
+        "train.lora_path); its rank and target modules must be model.lora_rank's and "
+        "model.target_modules'.",
     )
     resolution: int | None = opt(
         None,
@@ -81,8 +89,16 @@ class FlowDataConfig:
     ``train_metadata.jsonl`` (GenEval: rows with ``prompt``, ``tag``, ``include``...; the row
     is the reward's metadata)."""
 
-    train_files: str | list[str] | None = opt(None, "Prompt files for training.")
-    val_files: str | list[str] | None = opt(None, "Prompt files for validation; null = none.")
+    train_files: str | list[str] | None = opt(
+        None,
+        "Prompt files for training, or a Flow-GRPO dataset directory (its train.txt or "
+        "train_metadata.jsonl).",
+    )
+    val_files: str | list[str] | None = opt(
+        None,
+        "Prompt files for validation, or a Flow-GRPO dataset directory (its test.txt or "
+        "test_metadata.jsonl); null = none.",
+    )
     train_batch_size: int = opt(16, "Prompts per step (each sampled sampler.n times).")
     seed: int | None = opt(None, "Prompt order; null = trainer.seed.")
 
@@ -127,6 +143,11 @@ class FlowActorConfig:
     clip_range: float = opt(1e-4, "PPO's epsilon on each step's ratio (tiny: log-probs are means).")
     adv_clip_max: float = opt(5.0, "Advantages are clipped to [-adv_clip_max, adv_clip_max].")
     norm_adv_by_std: bool = opt(True, "GRPO (true) or Dr.GRPO (false: no division by the std).")
+    global_std: bool = opt(
+        False,
+        "Divide by the std of the whole step's rewards instead of each prompt's (the mean stays "
+        "each prompt's; Flow-GRPO's sample.global_std).",
+    )
     beta: float = opt(0.0, "Weight of the KL to the reference (the model as it started).")
     std_scale: bool = opt(False, "Scale each step's loss by 2.25 sigma_t (the seed's code).")
     ppo_mini_batch_size: int | None = opt(
@@ -213,6 +234,7 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
     s = cfg.sampler
     checks = (
         ("model.lora_rank", lambda x: x >= 0, "must be >= 0 (0 = full fine-tuning)"),
+        ("model.lora_alpha", lambda x: x is None or x > 0, "must be > 0 (or null)"),
         ("model.resolution", lambda x: x is None or x >= 1, "must be >= 1 (or null)"),
         ("model.max_sequence_length", lambda x: x >= 1, "must be >= 1"),
         ("data.train_batch_size", lambda x: x >= 1, "must be >= 1"),
@@ -239,6 +261,11 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
         ("actor.ema_every", lambda x: x >= 1, "must be >= 1"),
     )
     errors = range_errors(cfg, checks)
+    if cfg.model.lora_path is not None and cfg.model.lora_rank == 0:
+        errors.append(
+            "model.lora_path needs a LoRA: set model.lora_rank to the adapter's rank (Flow-GRPO: "
+            "use_lora=true)"
+        )
     if cfg.reward.path is None and cfg.reward.name not in IMAGE_REWARDS:
         errors.append(
             f"reward.name={cfg.reward.name!r} is not a built-in image reward"

@@ -141,6 +141,16 @@ def translate(key: str, value: Any, target: str = TRAIN) -> Translation:
             return _accept(key, value, rule)
         if rule.accepts is not None and (problem := rule.accepts(value)) is not None:
             return Translation(key, None, error=f"{key}={value!r}: {problem}")
+        if rule.values:
+            mapped = [ours for theirs, ours in rule.values if _same(value, theirs)]
+            if not mapped:
+                valid = ", ".join(str(theirs) for theirs, _ in rule.values)
+                return Translation(key, None, error=f"{key}={value!r}: expected one of {valid}")
+            return Translation(key, rule.ours, mapped[0])
+        if rule.index is not None:
+            return Translation(
+                key, rule.ours, value, update=functools.partial(_set_item, rule.index, value)
+            )
         if rule.flag is not None:
             if not isinstance(value, bool):
                 return Translation(key, None, error=f"{key}: expected true or false, got {value!r}")
@@ -151,6 +161,11 @@ def translate(key: str, value: Any, target: str = TRAIN) -> Translation:
             break
         path = new
     return Translation(key, path, value)
+
+
+def _set_item(index: int, value: Any, current: list) -> list:
+    """``current`` (a list key of ours) with item ``index`` set to ``value``."""
+    return [value if i == index else v for i, v in enumerate(current)]
 
 
 def _accept(key: str, value: Any, rule: Rule) -> Translation:

@@ -41,6 +41,10 @@ class Rule:
         accepts: for a key mapped onto a key of ours that takes more: ``accepts(value)`` is
             an error message when verl's key cannot mean that value (``retriever.url`` a
             path), else None.
+        values: for a key whose values are spelled otherwise here: ``(theirs, ours)`` pairs
+            (Flow-GRPO's ``mixed_precision=bf16`` -> ``bfloat16``); any other value is an error.
+        index: for a key that is one item of a list of ours (Flow-GRPO's ``train.adam_beta1``
+            -> ``actor.optim.betas[0]``): the item it sets.
     """
 
     verl: str
@@ -52,6 +56,8 @@ class Rule:
     targets: tuple[str, ...] = (TRAIN,)
     flag: str | None = None
     accepts: Callable[[Any], str | None] | None = None
+    values: tuple[tuple[Any, Any], ...] = ()
+    index: int | None = None
 
 
 #: ``actor.offload`` / ``critic.offload``: each value and verl's FSDP flags it stands for
@@ -100,6 +106,11 @@ _SFT_ONE = "lmrl sft runs in one process on one device"
 _SFT_NO = "not available in lmrl sft"
 _ONLY_SFT = (SFT,)
 _ONLY_FLOW = (FLOW,)
+_FLOW_LOCAL = "a Flow-GRPO launch setting; lmrl train-flow runs in one process"
+_FLOW_BATCH = (
+    "Flow-GRPO's per-GPU batching; lmrl samples data.train_batch_size prompts x sampler.n images "
+    "a step and updates per actor.ppo_mini_batch_size"
+)
 
 VERL_RULES: tuple[Rule, ...] = (
     # ---- section prefixes: verl's nesting onto ours
@@ -463,4 +474,40 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("eval_freq", "trainer.test_freq", targets=_ONLY_FLOW),
     Rule("run_name", "trainer.experiment_name", targets=_ONLY_FLOW),
     Rule("pretrained.model", "model.path", targets=_ONLY_FLOW),
+    Rule("pretrained.revision", None, _FLOW_LOCAL, only=("main", None), targets=_ONLY_FLOW),
+    Rule("resolution", "model.resolution", targets=_ONLY_FLOW),
+    Rule("use_lora", None, "full fine-tuning is model.lora_rank=0 (the default)",
+         when_true=("model.lora_rank", 32), targets=_ONLY_FLOW),
+    Rule("train.lora_path", "model.lora_path", targets=_ONLY_FLOW),
+    Rule("seed", "trainer.seed", targets=_ONLY_FLOW),
+    Rule("save_freq", "trainer.save_freq", targets=_ONLY_FLOW),
+    Rule("num_checkpoint_limit", "trainer.max_ckpt_to_keep", targets=_ONLY_FLOW),
+    Rule("resume_from", "trainer.resume_mode", skip=(None, ""), note="a fresh start",
+         targets=_ONLY_FLOW),
+    Rule("mixed_precision", "model.mixed_precision.param_dtype", targets=_ONLY_FLOW,
+         values=(("no", "float32"), ("bf16", "bfloat16"), ("fp16", "float16"))),
+    Rule("train.adam_beta1", "actor.optim.betas", index=0, targets=_ONLY_FLOW),
+    Rule("train.adam_beta2", "actor.optim.betas", index=1, targets=_ONLY_FLOW),
+    Rule("train.adam_epsilon", None, "AdamW's eps is torch's 1e-8", only=(1e-8,),
+         targets=_ONLY_FLOW),
+    Rule("train.batch_size", "actor.micro_batch_size", targets=_ONLY_FLOW),
+    Rule("train.gradient_accumulation_steps", None, _FLOW_BATCH, targets=_ONLY_FLOW),
+    Rule("sample.train_batch_size", None, _FLOW_BATCH, targets=_ONLY_FLOW),
+    Rule("sample.test_batch_size", None, _FLOW_BATCH, targets=_ONLY_FLOW),
+    Rule("sample.num_batches_per_epoch", None, _FLOW_BATCH, targets=_ONLY_FLOW),
+    Rule("sample.global_std", "actor.global_std", targets=_ONLY_FLOW),
+    Rule("per_prompt_stat_tracking", None, "the advantage is always normalized within each "
+         "prompt's images", only=(True,), targets=_ONLY_FLOW),
+    Rule("sample.eval_guidance_scale", None, "validation guides with sampler.guidance_scale",
+         targets=_ONLY_FLOW),
+    Rule("train.cfg", None, "the update guides as the sampler does (sampler.guidance_scale)",
+         only=(True,), targets=_ONLY_FLOW),
+    Rule("sample.same_latent", None, "each image of a prompt starts from its own noise",
+         only=(False,), targets=_ONLY_FLOW),
+    Rule("train.use_8bit_adam", None, "AdamW is torch's", only=(False,), targets=_ONLY_FLOW),
+    Rule("allow_tf32", None, _FLOW_LOCAL, targets=_ONLY_FLOW),
+    Rule("debug", None, _FLOW_LOCAL, targets=_ONLY_FLOW),
+    Rule("logdir", None, "the run directory is trainer.default_local_dir", targets=_ONLY_FLOW),
+    Rule("activation_checkpointing", None, _FLOW_LOCAL, only=(False,), targets=_ONLY_FLOW),
+    Rule("fsdp_optimizer_offload", None, _FLOW_LOCAL, only=(False,), targets=_ONLY_FLOW),
 )  # fmt: skip

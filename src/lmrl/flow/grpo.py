@@ -81,13 +81,20 @@ def flow_advantages(
     index: Sequence | np.ndarray,
     adv_clip_max: float = 5.0,
     norm_adv_by_std: bool = True,
+    global_std: bool = False,
 ) -> torch.Tensor:
-    """GRPO's advantage of each image: (B,) scores, (B,) group labels -> (B,) clipped."""
+    """GRPO's advantage of each image: (B,) scores, (B,) group labels -> (B,) clipped.
+
+    ``global_std``: the score minus its prompt's mean, over the std of all B scores (Flow-GRPO's
+    ``sample.global_std``) instead of its prompt's (``norm_adv_by_std``)."""
     scores = scores.float().reshape(-1, 1)
     mask = torch.ones_like(scores, dtype=torch.bool)
     adv, _ = advantage_estimators.get("grpo")(
-        scores, mask, index=np.asarray(index, dtype=object), norm_adv_by_std_in_grpo=norm_adv_by_std
-    )
+        scores, mask, index=np.asarray(index, dtype=object),
+        norm_adv_by_std_in_grpo=norm_adv_by_std and not global_std,
+    )  # fmt: skip
+    if global_std and norm_adv_by_std:
+        adv = adv / (scores.std() + 1e-6)
     return adv[:, 0].clamp(-adv_clip_max, adv_clip_max)
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "SD3Pipeline",
     "SD3Velocity",
     "check_lora_targets",
+    "load_lora_weights",
     "load_pipeline",
 ]
 
@@ -71,6 +72,44 @@ def check_lora_targets(model: torch.nn.Module, targets: list[str], where: str) -
                 "would train nothing); name modules such as "
                 f"{', '.join(sorted({n.rsplit('.', 1)[-1] for n in names if n})[:8])}"
             )
+
+
+def load_lora_weights(model: torch.nn.Module, path: str | Path) -> None:
+    """Start the LoRA of ``model`` (wrapped by ``add_lora``) from a PEFT adapter directory
+    (``adapter_config.json``, ``adapter_model.safetensors``: an SD3 run's ``final/``, or
+    Flow-GRPO's ``train.lora_path``).
+
+    Raises:
+        ModelError: no adapter there, or one of another rank or other modules.
+    """
+    from peft import PeftModel, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    where = Path(path)
+    config, weights = where / "adapter_config.json", where / "adapter_model.safetensors"
+    if not (config.is_file() and weights.is_file()):
+        raise ModelError(
+            f"model.lora_path={where}: not a PEFT adapter directory (adapter_config.json and "
+            "adapter_model.safetensors)"
+        )
+    peft = model if isinstance(model, PeftModel) else model.transformer
+    saved = json.loads(config.read_text())
+    mine = peft.peft_config["default"]
+    if saved.get("r") != mine.r or set(saved.get("target_modules") or ()) != set(
+        mine.target_modules
+    ):
+        raise ModelError(
+            f"model.lora_path={where} is an adapter of rank {saved.get('r')} on "
+            f"{sorted(saved.get('target_modules') or ())}; this run's LoRA is rank {mine.r} on "
+            f"{sorted(mine.target_modules)} (set model.lora_rank and model.target_modules to "
+            "the adapter's)"
+        )
+    result = set_peft_model_state_dict(peft, load_file(weights))
+    if result.unexpected_keys:
+        raise ModelError(
+            f"model.lora_path={where}: {len(result.unexpected_keys)} of its weights fit no "
+            f"module of this model (first: {result.unexpected_keys[0]})"
+        )
 
 
 def _lora(model: torch.nn.Module, settings: dict, where: str) -> torch.nn.Module:
@@ -209,6 +248,7 @@ class SD3Pipeline:
             first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             raise ModelError(f"cannot load the SD3 pipeline in {where}: {first}") from None
         pipe.set_progress_bar_config(disable=True)
+        self.frozen_dtype = frozen_dtype
         transformer = pipe.transformer.to(device)
         if transformer.dtype != torch.float32:  # the trained weights are float32 masters
             transformer = transformer.float()
@@ -223,6 +263,12 @@ class SD3Pipeline:
             raise ModelError(
                 f"model.resolution={resolution} must be a multiple of {factor} (the VAE's "
                 f"{pipe.vae_scale_factor}x down-sampling times the transformer's patch size)"
+            )
+        most = (transformer.config.pos_embed_max_size or 0) * factor
+        if most and resolution > most:
+            raise ModelError(
+                f"model.resolution={resolution} is more than the transformer's positions "
+                f"cover ({transformer.config.pos_embed_max_size} patches a side: {most} pixels)"
             )
         side = resolution // pipe.vae_scale_factor
         self.image_shape = (transformer.config.in_channels, side, side)
@@ -275,9 +321,15 @@ class SD3Pipeline:
         return ((torch.cat(out) + 1) / 2).clamp(0, 1)
 
     def add_lora(self, settings: dict) -> torch.nn.Module:
-        """The transformer wrapped with PEFT LoRA (Flow-GRPO initializes it "gaussian")."""
+        """The transformer wrapped with PEFT LoRA (Flow-GRPO initializes it "gaussian"); under
+        bf16/fp16 compute its frozen base weights are kept in that dtype, as Flow-GRPO does
+        (the adapters, the only trained weights, are fp32 masters)."""
         settings = {"init_lora_weights": "gaussian", **settings}
         self.model.transformer = _lora(self.model.transformer, settings, "the SD3 transformer")
+        if self.frozen_dtype != torch.float32:  # the frozen base in the compute dtype (half
+            for p in self.model.transformer.parameters():  # its memory); adapters stay fp32
+                if not p.requires_grad:
+                    p.data = p.data.to(self.frozen_dtype)
         return self.model
 
     def export(self, model: torch.nn.Module, out: Path, lora: bool) -> None:

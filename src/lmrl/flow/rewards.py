@@ -7,17 +7,8 @@ prompt's attributes), returning B floats (a list, array or tensor), or a dict of
 holding ``"score"`` and per-image values the run logs beside it (the built-in ``geneval``
 returns its four checks so, and the run logs their means without detecting anything twice).
 
-**The detector** (`find_objects`) reads a ``shapes`` image as the renderer draws it: a pixel is
-an object's when its brightest channel is above 0.35 and leads the next by 0.25 (its colour is
-that channel); objects are the 4-connected regions of one colour (labels propagated to the
-largest id of the region, all images at once), at least ``min_area`` pixels. An object's shape
-is read from how much of its bounding box it fills: a square fills it (>= 0.93), a disc about
-0.8, a triangle about 0.5 (< 0.7).
-
-**geneval** scores the four checks of a prompt, each 0 or 1, averaged (``strict``: 1 only when
-all hold): colour (an object of the prompt's colour exists), count (exactly that many of that
-colour), shape (all of them have the prompt's shape) and position (all of them lie in the
-prompt's half).
+**geneval** and **geneval_strict** are `lmrl.flow.geneval`'s rule reward (a detector of coloured
+objects and the checks of a prompt's attributes or GenEval metadata it can judge).
 """
 
 from __future__ import annotations
@@ -25,7 +16,6 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -34,8 +24,15 @@ import numpy as np
 import torch
 
 from lmrl._userfile import UserFileError, import_user_file
-from lmrl.data.shapes import COLOURS, png_bytes
+from lmrl.data.shapes import png_bytes
 from lmrl.errors import RewardError
+from lmrl.flow.geneval import (
+    DetectedObject,
+    find_objects,
+    geneval,
+    geneval_checks,
+    geneval_scores,
+)
 
 __all__ = [
     "IMAGE_REWARDS",
@@ -50,107 +47,6 @@ __all__ = [
 
 log = logging.getLogger("lmrl.rewards")
 ImageRewardFn = Callable[[torch.Tensor, Sequence[str], Sequence[dict]], Any]
-_CHANNEL_COLOUR = {channel: name for name, (channel, _) in COLOURS.items()}
-
-
-@dataclass(frozen=True)
-class DetectedObject:
-    """One object: its colour, shape, area (pixels) and centroid (x, y) in pixels."""
-
-    colour: str
-    shape: str
-    area: int
-    centroid: tuple[float, float]
-
-
-def _labels(colour: torch.Tensor) -> torch.Tensor:
-    """(B, H, W) long colour ids (-1 = background) -> region labels (0 = background)."""
-    b, h, w = colour.shape
-    fg = colour >= 0
-    labels = torch.where(fg, torch.arange(1, h * w + 1).view(1, h, w).expand(b, h, w), 0)
-    while True:
-        best = labels.clone()
-        for dy, dx in ((0, 1), (0, -1), (1, 0), (-1, 0)):
-            shifted = torch.zeros_like(labels)
-            same = torch.zeros_like(fg)
-            ys, yd = slice(max(dy, 0), h + min(dy, 0)), slice(max(-dy, 0), h + min(-dy, 0))
-            xs, xd = slice(max(dx, 0), w + min(dx, 0)), slice(max(-dx, 0), w + min(-dx, 0))
-            shifted[:, yd, xd] = labels[:, ys, xs]
-            same[:, yd, xd] = colour[:, ys, xs] == colour[:, yd, xd]
-            best = torch.where(fg & same, torch.maximum(best, shifted), best)
-        if torch.equal(best, labels):
-            return labels
-        labels = best
-
-
-def _shape(fill: float) -> str:
-    if fill >= 0.93:
-        return "square"
-    return "circle" if fill >= 0.7 else "triangle"
-
-
-def find_objects(images: torch.Tensor, min_area: int = 4) -> list[list[DetectedObject]]:
-    """The coloured objects of each image (B, 3, H, W) in [0, 1] (see the module docstring)."""
-    img = images.detach().float().clamp(0, 1).cpu()
-    top2 = img.topk(2, dim=1).values
-    colour = torch.where((top2[:, 0] > 0.35) & (top2[:, 0] - top2[:, 1] > 0.25), img.argmax(1), -1)
-    labels = _labels(colour)
-    found: list[list[DetectedObject]] = []
-    for i in range(img.shape[0]):
-        objects = []
-        for label in labels[i].unique().tolist():
-            if label == 0:
-                continue
-            ys, xs = torch.nonzero(labels[i] == label, as_tuple=True)
-            area = len(ys)
-            if area < min_area:
-                continue
-            box = (int(ys.max() - ys.min()) + 1) * (int(xs.max() - xs.min()) + 1)
-            name = _CHANNEL_COLOUR[int(colour[i, ys[0], xs[0]])]
-            centre = (float(xs.float().mean()) + 0.5, float(ys.float().mean()) + 0.5)
-            objects.append(DetectedObject(name, _shape(area / box), area, centre))
-        found.append(objects)
-    return found
-
-
-def _in_half(centroid: tuple[float, float], position: str, size: int) -> bool:
-    x, y = centroid
-    half = size / 2
-    return {"left": x < half, "right": x > half, "top": y < half, "bottom": y > half}[position]
-
-
-def geneval_checks(objects: list[DetectedObject], spec: dict, size: int) -> dict[str, float]:
-    """The four checks of one image against its prompt's attributes, each 0.0 or 1.0."""
-    mine = [o for o in objects if o.colour == spec["colour"]]
-    want = 2 if spec["count"] == "two" else 1
-    return {
-        "colour": float(bool(mine)),
-        "count": float(len(mine) == want),
-        "shape": float(bool(mine) and all(o.shape == spec["shape"] for o in mine)),
-        "position": float(
-            bool(mine) and all(_in_half(o.centroid, spec["position"], size) for o in mine)
-        ),
-    }
-
-
-def geneval_scores(
-    images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], strict: bool = False
-) -> dict[str, torch.Tensor]:
-    """GenEval-like rule reward with its checks: ``{"score": (B,), "colour": (B,), ...}``; the
-    score is the mean of the four checks (``strict``: their minimum)."""
-    size = images.shape[-1]
-    rows = [geneval_checks(o, s, size) for o, s in zip(find_objects(images), metadata, strict=True)]
-    checks = {key: torch.tensor([r[key] for r in rows]) for key in rows[0]} if rows else {}
-    table = torch.stack(list(checks.values()), 1) if rows else torch.zeros(0, 4)
-    score = table.amin(1) if strict else table.mean(1)
-    return {"score": score, **checks}
-
-
-def geneval(
-    images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], strict: bool = False
-) -> torch.Tensor:
-    """GenEval-like rule reward: (B,) mean of the four checks (``strict``: all of them)."""
-    return geneval_scores(images, prompts, metadata, strict)["score"]
 
 
 def brightness(images: torch.Tensor, prompts=None, metadata=None) -> torch.Tensor:

@@ -15,7 +15,9 @@ continues from its last checkpoint and ends with the weights an uninterrupted ru
 Metrics (``metrics.jsonl``): ``critic/score/mean`` (the reward of the step's images, the name
 ``lmrl plot`` draws), ``critic/score/std``, ``flow/zero_spread_groups`` (prompts whose images
 all scored the same: they teach nothing), the means of what the reward returns beside its
-score (``flow/check/<name>``: the ``geneval`` checks), the update's ``actor/*``,
+score (``flow/check/<name>``: the ``geneval`` checks), beside a reward of another kind the
+geneval checks of the same images (``flow/fidelity/*``: do they still follow their prompts?),
+the update's ``actor/*``,
 ``val/<source>/reward/mean`` with its checks (``val/<source>/check/<name>``), and timings
 (``timing_s/sample``, ``timing_s/reward``, ``timing_s/update``, ``perf/images_per_s``).
 """
@@ -37,10 +39,11 @@ import torch
 from lmrl.config.flow import FlowConfig
 from lmrl.data.sampler import PromptSampler
 from lmrl.data.shapes import ATTRIBUTES, NUM_ATTRIBUTES
-from lmrl.errors import DataError, ModelError
+from lmrl.errors import DataError, ModelError, RewardError
 from lmrl.flow.ema import WeightEMA
+from lmrl.flow.geneval import geneval_coverage, geneval_scores
 from lmrl.flow.grpo import FlowGRPO, FlowGRPOConfig, flow_advantages
-from lmrl.flow.pipelines import AttributePipeline, load_pipeline
+from lmrl.flow.pipelines import AttributePipeline, load_lora_weights, load_pipeline
 from lmrl.flow.rewards import load_image_reward
 from lmrl.flow.rollout import FlowSampler
 from lmrl.logging import make_trackers
@@ -60,13 +63,15 @@ FLOW_ZERO_SPREAD = (
 )
 
 log = logging.getLogger("lmrl.flow")
+FLOW_COMMAND = "lmrl train-flow"
 
 __all__ = ["FlowParts", "FlowTrainer", "build_flow", "image_grid", "read_prompts"]
 
 
-def read_prompts(files: str | list[str]) -> list[dict[str, Any]]:
+def read_prompts(files: str | list[str], split: str = "train") -> list[dict[str, Any]]:
     """Prompt rows ``{"prompt": text, "metadata": {...}, "data_source", ["attributes"]}`` of
-    prompt files, each by its suffix:
+    prompt files, each by its suffix (a directory is a Flow-GRPO dataset: its ``<split>.txt`` or
+    ``<split>_metadata.jsonl``, ``split`` ``train`` or ``test``):
 
     - ``.parquet``: verl rows whose ``reward_model.ground_truth`` holds the attributes an
       ImageFlow is conditioned on (``attributes``, also the reward's ``metadata``);
@@ -83,6 +88,8 @@ def read_prompts(files: str | list[str]) -> list[dict[str, Any]]:
     """
     rows = []
     for path in [files] if isinstance(files, str) else files:
+        if Path(path).is_dir():
+            path = _dataset_file(Path(path), split)
         suffix = Path(path).suffix.lower()
         if suffix == ".parquet":
             rows += _parquet_prompts(path)
@@ -96,6 +103,16 @@ def read_prompts(files: str | list[str]) -> list[dict[str, Any]]:
     if not rows:
         raise DataError(f"no prompts in {files}")
     return rows
+
+
+def _dataset_file(folder: Path, split: str) -> str:
+    for name in (f"{split}.txt", f"{split}_metadata.jsonl"):
+        if (folder / name).is_file():
+            return str(folder / name)
+    raise DataError(
+        f"prompt directory {folder}: no {split}.txt or {split}_metadata.jsonl (a Flow-GRPO "
+        "dataset directory holds one of them)"
+    )
 
 
 def _parquet_prompts(path: str) -> list[dict[str, Any]]:
@@ -169,6 +186,17 @@ def image_grid(images: torch.Tensor, columns: int, scale: int = 4) -> np.ndarray
     return (grid.numpy() * 255).round().astype(np.uint8)
 
 
+def _means(prefix: str, columns: dict[str, torch.Tensor]) -> dict[str, float]:
+    """``{prefix/name: mean of the column's finite values}`` (a check judged on no image of
+    the batch is left out)."""
+    out = {}
+    for name, values in columns.items():
+        finite = values[values.isfinite()]
+        if finite.numel():
+            out[f"{prefix}/{name}"] = float(finite.mean())
+    return out
+
+
 def _seed(*parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:7], "little")
 
@@ -194,6 +222,9 @@ class FlowParts:
         reward: the image reward (``score(pixels, prompts, metadata) -> (scores, extras)``).
         prompt_order: the resumable order of the training prompts.
         trackers: the loggers of ``trainer.logger``.
+        fidelity: the geneval checks scored beside a reward of another kind (``flow/fidelity/*``:
+            does the image still follow its prompt?), or None (the reward is geneval, or the
+            prompts hold nothing the detector can judge).
     """
 
     config: FlowConfig
@@ -212,11 +243,18 @@ class FlowParts:
     reward: Any
     prompt_order: PromptSampler
     trackers: Any
+    fidelity: Any = None
 
 
-def build_flow(cfg: FlowConfig) -> FlowParts:
+def build_flow(cfg: FlowConfig, evaluate: Path | None = None) -> FlowParts:
     """Assemble a Flow-GRPO run from a resolved config, cheapest failure first: the run
     directory and resume point, the prompts, the model, the update, the reward, the trackers.
+
+    Args:
+        cfg: the resolved config.
+        evaluate: a checkpoint to validate (``lmrl eval``): the run directory is only read, the
+            checkpoint is the resume point whatever changed in the config (another reward, more
+            images), and nothing is logged.
 
     Raises:
         DataError: unreadable prompts, or fewer than ``data.train_batch_size`` of them;
@@ -226,10 +264,14 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
             reward.
     """
     t, s, a = cfg.trainer, cfg.sampler, cfg.actor
-    start = open_run(cfg, "lmrl train-flow")
+    start = (
+        open_run(cfg, FLOW_COMMAND)
+        if evaluate is None
+        else RunStart(Path(t.default_local_dir), FLOW_COMMAND, cfg, Path(evaluate))
+    )
     torch.manual_seed(t.seed)
     train_prompts = read_prompts(cfg.data.train_files)
-    val_prompts = read_prompts(cfg.data.val_files) if cfg.data.val_files else []
+    val_prompts = read_prompts(cfg.data.val_files, "test") if cfg.data.val_files else []
     if cfg.data.train_batch_size > len(train_prompts):
         raise DataError(
             f"data.train_batch_size={cfg.data.train_batch_size} is more than the "
@@ -259,9 +301,12 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
     reference: Any = None
     if m.lora_rank > 0:
         targets = m.target_modules if m.target_modules is not None else pipeline.default_targets
+        alpha = m.lora_alpha or 2 * m.lora_rank
         model = pipeline.add_lora(
-            {"r": m.lora_rank, "lora_alpha": m.lora_alpha, "target_modules": list(targets)}
+            {"r": m.lora_rank, "lora_alpha": alpha, "target_modules": list(targets)}
         )
+        if m.lora_path is not None:
+            load_lora_weights(model, m.lora_path)
         reference = "adapter" if a.beta > 0 else None
     elif a.beta > 0:
         reference = copy.deepcopy(model).requires_grad_(False).eval()
@@ -289,9 +334,10 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
         model, sampler, optimizer, settings, reference=reference, ema=ema, precision=precision
     )
     reward = load_image_reward(cfg.reward.name, cfg.reward.path, cfg.reward.max_error_fraction)
+    fidelity = _fidelity(cfg, train_prompts + val_prompts)
     prompt_order = PromptSampler(len(train_prompts), cfg.data.train_batch_size, seed=cfg.data.seed)
     trackers = make_trackers(
-        t.logger, start.run_dir, t.project_name, t.experiment_name, config_dict=asdict(cfg),
+        t.logger if evaluate is None else [], start.run_dir, t.project_name, t.experiment_name, config_dict=asdict(cfg),
         total_steps=t.total_training_steps,
         start_step=start.start_step,
     )  # fmt: skip
@@ -299,8 +345,29 @@ def build_flow(cfg: FlowConfig) -> FlowParts:
         config=cfg, start=start, train_prompts=train_prompts, val_prompts=val_prompts,
         pipeline=pipeline, model=model, image_shape=image_shape, device=device, sampler=sampler,
         val_sampler=val_sampler, optimizer=optimizer, update=update, ema=ema, reward=reward,
-        prompt_order=prompt_order, trackers=trackers,
+        prompt_order=prompt_order, trackers=trackers, fidelity=fidelity,
     )  # fmt: skip
+
+
+def _fidelity(cfg: FlowConfig, rows: list[dict[str, Any]]) -> Any:
+    """The geneval checks to log beside the run's reward (see `FlowParts.fidelity`); says once
+    what the detector cannot judge of the prompts.
+
+    Raises:
+        RewardError: ``reward.name=geneval`` on prompts it can judge nothing of.
+    """
+    coverage = geneval_coverage([r["metadata"] for r in rows])
+    is_geneval = cfg.reward.path is None and cfg.reward.name.startswith("geneval")
+    if is_geneval and coverage.judged == 0:
+        raise RewardError(
+            f"reward.name={cfg.reward.name} can judge nothing of these prompts: it checks the "
+            "colour, count, shape and position of red, green or blue circles, squares and "
+            "triangles from the prompts' metadata (the shapes task's attributes or GenEval's "
+            "include list); give a reward of your own (reward.path=FILE reward.name=FN)"
+        )
+    if coverage.judged and (message := coverage.message()) is not None:
+        log.warning("%s", message)
+    return None if is_geneval or coverage.judged == 0 else geneval_scores
 
 
 class FlowTrainer(RunsOnLoop):
@@ -346,7 +413,9 @@ class FlowTrainer(RunsOnLoop):
         counters (``reward/errors``)."""
         prompts, metadata = [r["prompt"] for r in rows], [r["metadata"] for r in rows]
         scores, extras, counts = self.reward.score(pixels, prompts, metadata)
-        means = {f"flow/check/{k}": float(v[v.isfinite()].mean()) for k, v in extras.items()}
+        means = _means("flow/check", extras)
+        if self.parts.fidelity is not None:
+            means |= _means("flow/fidelity", self.parts.fidelity(pixels, prompts, metadata))
         return scores, means | counts
 
     def step(self) -> dict[str, float]:
@@ -365,9 +434,8 @@ class FlowTrainer(RunsOnLoop):
         scores, extra = self._score(self.pipeline.decode(batch["images"]), rows_n)
         scored = time.perf_counter()
         groups = [i // n for i in range(len(rows_n))]
-        adv = flow_advantages(
-            scores, groups, self.cfg.actor.adv_clip_max, self.cfg.actor.norm_adv_by_std
-        )
+        a = self.cfg.actor
+        adv = flow_advantages(scores, groups, a.adv_clip_max, a.norm_adv_by_std, a.global_std)
         old = (
             self.grpo.old_log_probs(batch, uncond)
             if self.cfg.actor.recompute_old_log_probs
@@ -393,10 +461,12 @@ class FlowTrainer(RunsOnLoop):
         return metrics
 
     @torch.no_grad()
-    def validate(self, images_per_prompt: int | None = None) -> dict[str, float]:
+    def validate(
+        self, images_per_prompt: int | None = None, grid: Path | None = None
+    ) -> dict[str, float]:
         """Reward (and the reward's checks) of ODE samples of the validation prompts from fixed
-        noise (``trainer.val_images_per_prompt`` each); writes ``samples/step_<N>.png`` (one row
-        per prompt)."""
+        noise (``trainer.val_images_per_prompt`` each); writes the images as ``grid`` (one row
+        per prompt; default ``samples/step_<N>.png``)."""
         if not self.val_prompts:
             return {}
         images_per_prompt = images_per_prompt or self.cfg.trainer.val_images_per_prompt
@@ -411,7 +481,7 @@ class FlowTrainer(RunsOnLoop):
             )
         images = self.pipeline.decode(images["images"])  # pixels on the host: scored, drawn
         scores, checks = self._score(images, rows)
-        out = self.run_dir / "samples" / f"step_{self.global_step}.png"
+        out = grid or self.run_dir / "samples" / f"step_{self.global_step}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         from PIL import Image
 
@@ -421,6 +491,13 @@ class FlowTrainer(RunsOnLoop):
             f"val/{source}/reward/mean": float(scores.mean()),
             **{f"val/{source}/{key.removeprefix('flow/')}": v for key, v in checks.items()},
         }
+
+    def summary(self) -> list[str]:
+        """The run's first and last validation (the reward, each check) and train reward, and
+        the grids of both (`lmrl.trainer.flow_report.flow_summary`)."""
+        from lmrl.trainer.flow_report import flow_summary
+
+        return flow_summary(self.run_dir)
 
     def generations(self) -> list[dict]:
         return []  # the images of each validation are written to samples/step_<N>.png

@@ -289,6 +289,11 @@ class RunLoop:
             self._tracker_failed = True
 
     # ---------------------------------------------------------------- checkpoints
+    def summary(self) -> list[str]:
+        """Lines the command prints when the run has finished (an image run's before/after);
+        none by default."""
+        return []
+
     def save_checkpoint(self) -> Path:
         """Write ``global_step_<N>`` now (atomically); returns its path."""
         prog = self.program
@@ -366,6 +371,11 @@ class RunsOnLoop:
     def validations(self) -> dict[int, dict[str, float]]:
         """Validation metrics by step of the last `fit` (0 = before the first step)."""
         return self.loop.validations if self.loop is not None else {}
+
+    def summary(self) -> list[str]:
+        """Lines the command prints when the run has finished (an image run's before/after);
+        none by default."""
+        return []
 
     def save_checkpoint(self) -> Path:
         """Write ``global_step_<N>`` now (atomically); returns its path."""
