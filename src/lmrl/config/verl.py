@@ -206,5 +206,15 @@ def section_prefixes(target: str = TRAIN) -> list[tuple[str, str]]:
 
 
 def renames(target: str = TRAIN) -> list[tuple[str, str]]:
-    """The ``(verl key, our key)`` pairs of ``target``'s rules that set a key, for help texts."""
-    return [(r.verl, r.ours) for r in rules_for(target) if r.ours is not None]
+    """The ``(verl key, our key)`` pairs of ``target``'s rules that set a key, for help texts
+    (a switch shows what it sets, a list item its index, a value map its values)."""
+    out = []
+    for r in rules_for(target):
+        if r.ours is not None:
+            ours = r.ours if r.index is None else f"{r.ours}[{r.index}]"
+            if r.values:
+                ours += " (" + ", ".join(f"{a} = {b}" for a, b in r.values) + ")"
+            out.append((r.verl, ours))
+        elif r.when_true is not None:
+            out.append((f"{r.verl}=true", f"{r.when_true[0]}={r.when_true[1]}"))
+    return out
