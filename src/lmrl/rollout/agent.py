@@ -14,6 +14,12 @@
 4. repeat; after ``max_turns`` observations a row gets one last turn in which calls are not
    run (its closing tag ends it), as Search-R1's final rollout.
 
+The turns themselves are `lmrl.rollout.turns`: with ``pipeline_groups=K > 1`` the rows of a
+micro-batch are split into ``K`` groups, each its own session, and a group's calls run in the
+background (`lmrl.tools.CallsInFlight`) while the next group decodes; a group's tokens do not
+depend on when its or another group's calls return (docs/async.md). ``K=1`` is the plain loop
+above: all rows decode, then the turn's calls run and are awaited.
+
 With ``format="chat"`` (`lmrl.rollout.chat`) a turn ends at its end-of-turn token, may call
 several tools (in the chat template's own syntax), and what is appended is the template's
 rendering of the tool messages and the next generation prompt (a delta of the whole
@@ -44,7 +50,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -58,26 +64,25 @@ from lmrl.rollout.base import (
     check_prompts,
     finish_rollout,
 )
-from lmrl.rollout.chat import ChatFormat, Conversation
+from lmrl.rollout.chat import ChatFormat
+from lmrl.rollout.turns import OBS_CHARS_PER_TOKEN, Group, Row, clip_text, run_groups
 from lmrl.tools.base import Tool
-from lmrl.tools.executor import ToolCall, ToolResult, run_calls
+from lmrl.tools.executor import CallsInFlight, ToolCall, ToolResult, run_calls
 
 __all__ = [
     "AGENT_KEYS",
     "FORMATS",
+    "OBS_CHARS_PER_TOKEN",
     "AgentLoop",
     "ChatFormat",
     "JsonFormat",
     "ReplaySession",
     "TagFormat",
+    "clip_text",
 ]
 
 #: calls of one tool in one rollout before its failures are judged (the first batch check)
 MIN_CHECKED_CALLS = 5
-#: characters of an observation kept per token it may keep, before tokenizing: generous
-#: (English averages about 4 characters a token), so only a head averaging more than this
-#: per token comes out shorter than ``max_obs_length`` tokens
-OBS_CHARS_PER_TOKEN = 32
 
 AGENT_KEYS = (
     "agent_turns",
@@ -171,14 +176,6 @@ class JsonFormat:
 FORMATS = {"search_r1": TagFormat, "tags": TagFormat, "json": JsonFormat, "chat": ChatFormat}
 
 
-def clip_text(text: str, most: int | None) -> str:
-    """``text`` cut to ``OBS_CHARS_PER_TOKEN`` characters per token of ``most`` (None = no
-    cut), so a 5 MB passage is never tokenized whole; a lone surrogate (a JSON "\\ud800",
-    bytes decoded with surrogateescape) cannot be tokenized: it becomes "?"."""
-    text = text if most is None else text[: most * OBS_CHARS_PER_TOKEN]
-    return text.encode("utf-8", "replace").decode("utf-8")
-
-
 # ---------------------------------------------------------------------------- sessions
 class ReplaySession:
     """A session for engines without one of their own: each turn re-sends every asked row's
@@ -261,21 +258,6 @@ class ReplaySession:
 
 
 # ---------------------------------------------------------------------------- the loop
-@dataclass
-class _Row:
-    tokens: list[int]
-    sampled: list[bool]
-    log_probs: list[float]
-    turns: int = 0
-    calls: int = 0
-    valid: int = 0
-    errors: int = 0
-    timeouts: int = 0
-    obs_tokens: int = 0
-    answered: bool = False
-    done: bool = False
-
-
 class AgentLoop(RolloutEngine):
     """Multi-turn tool-use rollouts over an engine (see the module docstring).
 
@@ -293,6 +275,10 @@ class AgentLoop(RolloutEngine):
         max_tool_error_fraction: a tool at fault on at least this fraction of its calls in the
             first rollout that calls it ``MIN_CHECKED_CALLS`` times raises `ToolRunError`;
             > 1 = never.
+        pipeline_groups: the rows of each micro-batch split into this many groups, each its
+            own session, whose tool calls run in the background while another group decodes
+            (`lmrl.rollout.turns`); 1 = all rows decode together and wait for the turn's
+            calls (``rollout.pipeline_groups``; docs/async.md has when more pays).
     """
 
     def __init__(
@@ -307,9 +293,16 @@ class AgentLoop(RolloutEngine):
         tool_timeout_s: float = 30.0,
         tool_workers: int = 4,
         max_tool_error_fraction: float = 0.9,
+        pipeline_groups: int = 1,
     ) -> None:
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 0:
             raise ValueError(f"max_turns must be an int >= 0, got {max_turns!r}")
+        if (
+            isinstance(pipeline_groups, bool)
+            or not isinstance(pipeline_groups, int)
+            or (pipeline_groups < 1)
+        ):
+            raise ValueError(f"pipeline_groups must be an int >= 1, got {pipeline_groups!r}")
         if max_obs_length is not None and max_obs_length < 1:
             raise ValueError(f"max_obs_length must be >= 1 or None, got {max_obs_length}")
         if isinstance(format, str):
@@ -321,6 +314,8 @@ class AgentLoop(RolloutEngine):
         self.state_masking, self.max_obs_length = state_masking, max_obs_length
         self.tool_timeout_s, self.tool_workers = tool_timeout_s, tool_workers
         self.max_tool_error_fraction = float(max_tool_error_fraction)
+        self.pipeline_groups = pipeline_groups
+        self._in_flight = CallsInFlight(self.tools, tool_timeout_s, tool_workers, pipeline_groups)
         self._checked: set[str] = set()  # tools whose first batch was judged
         self._rollouts = 0
         self.shares_weights = getattr(engine, "shares_weights", True)
@@ -335,6 +330,7 @@ class AgentLoop(RolloutEngine):
 
     def close(self) -> None:
         """Close the tools (and the wrapped engine, when it can be closed)."""
+        self._in_flight.close()
         for tool in self.tools.values():
             tool.close()
         close = getattr(self.engine, "close", None)
@@ -363,18 +359,30 @@ class AgentLoop(RolloutEngine):
         if sampling.seed is None:  # one seed for every chunk: a chunk's draws are its rows'
             seeds = getattr(self.engine, "seeds", None) or self._seeds
             sampling = replace(sampling, seed=seeds.for_call(sampling))
-        rows: list[_Row] = []
+        rows: list[Row] = []
         usage: dict[str, list[ToolResult]] = {}
+        stops = list(dict.fromkeys([*self.format.stops(self.tools), *sampling.stop]))
         for start in range(0, count, size):
             chunk = torch.arange(start, min(start + size, count))
-            chats = None
-            if isinstance(self.format, ChatFormat):
-                chats = self.format.conversations(prompts, n, chunk)
-            session = self._session(prompts, n, sampling, prompt_offset, chunk)
+            parts = [p for p in torch.tensor_split(chunk, self.pipeline_groups) if len(p)]
+            groups: list[Group] = []
             try:
-                rows += self._run(session, len(chunk), sampling, usage, chats)
+                for part in parts:
+                    chats = None
+                    if isinstance(self.format, ChatFormat):
+                        chats = self.format.conversations(prompts, n, part)
+                    session = self._session(prompts, n, sampling, prompt_offset, part)
+                    groups.append(
+                        Group(self, session, len(part), sampling.max_new_tokens, stops, chats)
+                    )
+                run_groups(groups, self._run_calls, self._in_flight.submit)
             finally:
-                session.close()
+                for group in reversed(groups):  # a session restores the flags it found
+                    group.session.close()
+            for group in groups:  # the calls' results in the order of the rows' groups
+                rows += group.rows
+                for name, results in group.usage.items():
+                    usage.setdefault(name, []).extend(results)
         self._rollouts += 1
         self._check_tools(usage)
         return self._assemble(prompts, n, rows, sampling.logprob_temperature)
@@ -407,95 +415,11 @@ class AgentLoop(RolloutEngine):
                 f"({len(failed) / len(results):.0%}); first {failed[0].status}: {first}"
             )
 
-    def _run(
-        self,
-        session,
-        count: int,
-        sampling: SamplingParams,
-        usage: dict[str, list[ToolResult]],
-        chats: list[Conversation] | None = None,
-    ) -> list[_Row]:
-        """Every turn of ``count`` rows; each tool's results are added to ``usage``.
-        ``chats``: the rows' conversations under the chat format (a turn ends at EOS and may
-        call several tools; the observation is the template's delta)."""
-        rows = [_Row([], [], []) for _ in range(count)]
-        budget = sampling.max_new_tokens
-        stops = list(dict.fromkeys([*self.format.stops(self.tools), *sampling.stop]))
-        for turn in range(self.max_turns + 1):
-            active = [i for i, row in enumerate(rows) if not row.done]
-            if not active:
-                break
-            asked = torch.zeros(count, dtype=torch.bool)
-            asked[active] = True
-            left = torch.tensor([budget - len(row.tokens) for row in rows])
-            outs = session.generate(asked, stops, left)
-            calls: list[ToolCall | ToolResult] = []
-            callers: list[int] = []
-            for i in active:
-                row, (tokens, lps, reason) = rows[i], outs[i]
-                row.tokens += tokens
-                row.sampled += [True] * len(tokens)
-                row.log_probs += lps
-                row.turns += 1
-                if chats is not None:
-                    found = chats[i].assistant(tokens) if reason == "eos" else None
-                    if not found or turn == self.max_turns:
-                        row.done, row.answered = True, found == []
-                        continue
-                    if len(row.tokens) >= budget:
-                        row.done = True
-                        continue
-                    calls += found
-                    callers += [i] * len(found)
-                    continue
-                text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-                answered = text.rstrip().endswith(f"</{self.format.answer_tag}>")
-                if reason != "stop" or len(row.tokens) >= budget:
-                    row.done, row.answered = True, reason == "stop" and answered
-                    continue
-                call = self.format.parse(text, self.tools)
-                if call is None or turn == self.max_turns:
-                    row.done, row.answered = True, call is None and answered
-                    continue
-                calls.append(call)
-                callers.append(i)
-            if not calls:
-                continue
-            results = run_calls(calls, self.tools, self.tool_timeout_s, self.tool_workers)
-            observations = {}
-            answers: dict[int, list[str]] = {}
-            for i, call, result in zip(callers, calls, results, strict=True):
-                row = rows[i]
-                row.calls += 1
-                row.valid += result.status in ("ok", "error", "timeout")
-                row.errors += result.status == "error"
-                row.timeouts += result.status == "timeout"
-                if isinstance(call, ToolCall) and call.name in self.tools:
-                    usage.setdefault(call.name, []).append(result)
-                answers.setdefault(i, []).append(result.text)
-            for i, texts in answers.items():
-                row = rows[i]
-                room = budget - len(row.tokens)
-                if chats is not None:
-                    texts = [clip_text(t, self.max_obs_length) for t in texts]
-                    ids = chats[i].observe(texts, self.max_obs_length)[:room]
-                else:
-                    if self.max_obs_length is not None:
-                        room = min(room, self.max_obs_length)
-                    text = clip_text(self.format.observation(texts[0]), room)
-                    ids = self.tokenizer.encode(text, add_special_tokens=False)[:room]
-                row.tokens += ids
-                row.sampled += [False] * len(ids)
-                row.log_probs += [0.0] * len(ids)
-                row.obs_tokens += len(ids)
-                if len(row.tokens) >= budget:
-                    row.done = True  # no room left to answer
-                else:
-                    observations[i] = ids
-            session.append(observations)
-        return rows
+    def _run_calls(self, calls: Sequence[ToolCall | ToolResult]) -> list[ToolResult]:
+        """A turn's calls, run in this thread and awaited."""
+        return run_calls(calls, self.tools, self.tool_timeout_s, self.tool_workers)
 
-    def _assemble(self, prompts: Batch, n: int, rows: list[_Row], temperature: float) -> Batch:
+    def _assemble(self, prompts: Batch, n: int, rows: list[Row], temperature: float) -> Batch:
         width = max(1, max(len(row.tokens) for row in rows))
         count = len(rows)
         responses = torch.full((count, width), int(self.pad_id), dtype=torch.long)

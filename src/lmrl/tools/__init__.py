@@ -3,7 +3,8 @@
 `Tool` is the interface (name, description, JSON schema, call); `function_tool` makes one of
 a typed Python function; `load_tools` makes a run's tools by name (built in: ``search``,
 `SearchTool`, BM25 over a local corpus or a retrieval server; ``python``, `PythonTool`, code
-in a sandboxed process); `run_calls` runs one turn's calls together with a timeout.
+in a sandboxed process); `run_calls` runs one turn's calls together with a timeout, and `CallsInFlight` runs turns of
+them in the background.
 """
 
 from lmrl._lazy import lazy_exports
@@ -18,6 +19,7 @@ _EXPORTS = {
     "ToolCall": "lmrl.tools.executor",
     "ToolResult": "lmrl.tools.executor",
     "run_calls": "lmrl.tools.executor",
+    "CallsInFlight": "lmrl.tools.executor",
     "BUILTIN_TOOLS": "lmrl.tools.loading",
     "load_tools": "lmrl.tools.loading",
     "PythonTool": "lmrl.tools.python",

@@ -11,11 +11,20 @@ call past the timeout has its process killed. A tool that raises gives an ``erro
 result whose text the policy sees as ``Error: <message>`` (a `ToolTimeout` gives a ``timeout``
 one); nothing a tool does ends the run here. Each result says whether the tool was at fault
 (`ToolResult.fault`), which the agent loop counts to stop a run whose tools are broken.
+
+`CallsInFlight` runs turns in the background: `CallsInFlight.submit` hands a turn's calls to
+`run_calls` on one of its threads and returns a future, so the agent loop decodes other rows
+while they run (``rollout.pipeline_groups``). Its threads live as long as it does
+(until `CallsInFlight.close`): the worker processes of a user's tools that a turn starts there
+die with the thread that started them, so that thread must outlive them. Two turns in flight
+reach one worker-process pool one after the other (`lmrl.tools.processes.run_in_pool` holds
+the pool's lock), and the built-ins side by side.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +33,7 @@ from typing import Any
 from lmrl.tools.base import Tool, ToolError, ToolFault, ToolTimeout, error_text
 from lmrl.tools.processes import ProcessTool, run_in_pool
 
-__all__ = ["ToolCall", "ToolResult", "is_fault", "run_calls"]
+__all__ = ["CallsInFlight", "ToolCall", "ToolResult", "is_fault", "run_calls"]
 
 
 @dataclass(frozen=True)
@@ -139,3 +148,38 @@ def run_calls(
         # never wait for an abandoned call; its thread ends on its own
         pool.shutdown(wait=False, cancel_futures=True)
     return [r for r in results if r is not None]
+
+
+class CallsInFlight:
+    """Turns of calls run in the background, up to ``slots`` at once (see the module
+    docstring).
+
+    Args:
+        tools: name -> tool.
+        timeout_s, max_workers: as `run_calls`, for each turn.
+        slots: turns in flight at once (the agent loop's groups).
+    """
+
+    def __init__(
+        self, tools: Mapping[str, Tool], timeout_s: float, max_workers: int, slots: int
+    ) -> None:
+        self.tools, self.timeout_s, self.max_workers = tools, timeout_s, max_workers
+        self.slots = max(1, slots)
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, calls: Sequence[ToolCall | ToolResult]) -> cf.Future:
+        """Start a turn's calls; a future of `run_calls`'s results (it never raises for a
+        tool's failure: that is the call's result)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = cf.ThreadPoolExecutor(self.slots, thread_name_prefix="lmrl-tools")
+            pool = self._pool
+        return pool.submit(run_calls, list(calls), self.tools, self.timeout_s, self.max_workers)
+
+    def close(self) -> None:
+        """Stop the threads once their turns are done (a tool's own timeout bounds them)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -24,6 +24,7 @@ The built-in tools stay in the trainer: ``search`` is our code over an index bui
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,7 @@ class ToolPool(ProcessPool):
         path = str(Path(path).expanduser().resolve())
         super().__init__([_FileToolRunner(path, n) for n in names], num_workers, timeout_s)
         self.index = {name: i for i, name in enumerate(names)}
+        self.lock = threading.Lock()  # one run at a time: turns in flight take turns here
 
     def failure(self, task: tuple, status: str, message: str) -> Answer | list[Answer]:
         index, kind, payload = task
@@ -174,7 +176,8 @@ def run_in_pool(
     for names in by_pool.values():
         pool = tools[names[0]].pool
         tasks = [tools[n].tasks(groups[n]) for n in names]
-        results = pool.run([t for per_tool in tasks for t in per_tool])
+        with pool.lock:
+            results = pool.run([t for per_tool in tasks for t in per_tool])
         at = 0
         for name, per_tool in zip(names, tasks, strict=True):
             got = results[at : at + len(per_tool)]

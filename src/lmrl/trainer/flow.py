@@ -494,8 +494,8 @@ class FlowTrainer(RunsOnLoop):
 
     def summary(self) -> list[str]:
         """The run's first and last validation (the reward, each check) and train reward, and
-        the grids of both (`lmrl.trainer.flow_report.flow_summary`)."""
-        from lmrl.trainer.flow_report import flow_summary
+        the grids of both (`lmrl.logging.summary.flow_summary`)."""
+        from lmrl.logging.summary import flow_summary
 
         return flow_summary(self.run_dir)
 
