@@ -1,5 +1,5 @@
 """Seconds per step of the search demo's GRPO step with an instant retriever and with one that
-answers after 300 ms, for ``rollout.pipeline_groups`` 1 (every row waits for the
+answers after 300 ms, for ``rollout.multi_turn.pipeline_groups`` 1 (every row waits for the
 turn's calls) and the default (groups decode while others' calls are in flight; docs/async.md).
 
 The demo's run (`lmrl.demos.search`: the small Qwen2, 16 prompts x 8 samples, 160 response
@@ -85,7 +85,7 @@ def time_steps(model: Path, data: dict, work: Path, *, groups: int, steps: int, 
         "trainer.resume_mode=disable", "trainer.logger=[]", "trainer.device=cpu",
         f"trainer.default_local_dir={_yaml_str(work / f'rl-{groups}')}", f"trainer.seed={seed}",
         "rollout.multi_turn.enable=true", "rollout.multi_turn.tools=[search]",
-        f"rollout.multi_turn.max_turns={max_turns}", f"rollout.pipeline_groups={groups}",
+        f"rollout.multi_turn.max_turns={max_turns}", f"rollout.multi_turn.pipeline_groups={groups}",
         f"retriever.source={_yaml_str(data['corpus'])}", "retriever.topk=1",
         "actor.state_masking=true",
     ])  # fmt: skip

@@ -342,8 +342,8 @@ def _multi_turn(c: Config, f: Findings) -> None:
         )
     if not mt.tool_timeout_s > 0:
         f.errors.append(f"rollout.multi_turn.tool_timeout_s={mt.tool_timeout_s} must be > 0")
-    if c.rollout.pipeline_groups < 1:
-        f.errors.append(f"rollout.pipeline_groups={c.rollout.pipeline_groups} must be >= 1")
+    if mt.pipeline_groups < 1:
+        f.errors.append(f"rollout.multi_turn.pipeline_groups={mt.pipeline_groups} must be >= 1")
     for key, value in mt.python.items():
         if not value > 0:
             f.errors.append(f"rollout.multi_turn.python.{key}={value} must be > 0")

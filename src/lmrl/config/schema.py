@@ -226,6 +226,14 @@ class MultiTurnConfig:
         "process killed; 0 = they run in threads of the trainer (a call past its timeout is "
         "abandoned, not stopped).",
     )
+    pipeline_groups: int = opt(
+        1,
+        "Split each micro-batch's rows into this many groups, each with "
+        "its own KV cache, that take turns: while one group's tool calls run, the next decodes "
+        "(docs/async.md). Pays when a turn's tool calls take longer than a group's decode "
+        "(a slow server or sandbox); a row's samples do not depend on the tools' timing. "
+        "1 = all rows decode together and wait for every call of the turn; >= 1.",
+    )
     max_tool_error_fraction: float = opt(
         0.9,
         "Stop the run when a tool fails at its own fault (a server error, a timeout, a crash; "
@@ -330,14 +338,6 @@ class RolloutConfig:
         HFOptions, "The hf engine's settings (rollout.name=hf); set one as rollout.hf.NAME."
     )
     multi_turn: MultiTurnConfig = opt(MultiTurnConfig(), "Multi-turn rollouts with tools.")
-    pipeline_groups: int = opt(
-        1,
-        "Multi-turn rollouts: split each micro-batch's rows into this many groups, each with "
-        "its own KV cache, that take turns: while one group's tool calls run, the next decodes "
-        "(docs/async.md). Pays when a turn's tool calls take longer than a group's decode "
-        "(a slow server or sandbox); a row's samples do not depend on the tools' timing. "
-        "1 = all rows decode together and wait for every call of the turn; >= 1.",
-    )
 
 
 # ------------------------------------------------------------------------------------------

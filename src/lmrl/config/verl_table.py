@@ -263,6 +263,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("rollout.multi_turn.max_obs_length", "rollout.multi_turn.max_obs_length"),
     Rule("rollout.multi_turn.tool_timeout_s", "rollout.multi_turn.tool_timeout_s"),
     Rule("rollout.multi_turn.tool_processes", "rollout.multi_turn.tool_processes"),
+    Rule("rollout.multi_turn.pipeline_groups", "rollout.multi_turn.pipeline_groups"),
     Rule("rollout.multi_turn.max_tool_error_fraction", "rollout.multi_turn.max_tool_error_fraction"),
     Rule("rollout.multi_turn.python", "rollout.multi_turn.python"),
     Rule("rollout.multi_turn.python.*", "rollout.multi_turn.python.*"),

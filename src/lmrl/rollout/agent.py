@@ -278,7 +278,7 @@ class AgentLoop(RolloutEngine):
         pipeline_groups: the rows of each micro-batch split into this many groups, each its
             own session, whose tool calls run in the background while another group decodes
             (`lmrl.rollout.turns`); 1 = all rows decode together and wait for the turn's
-            calls (``rollout.pipeline_groups``; docs/async.md has when more pays).
+            calls (``rollout.multi_turn.pipeline_groups``; docs/async.md has when more pays).
     """
 
     def __init__(

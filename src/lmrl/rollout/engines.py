@@ -122,5 +122,5 @@ def with_tools(cfg, engine: RolloutEngine, tokenizer) -> RolloutEngine:
         engine, tools, tokenizer, max_turns=mt.max_turns, format=mt.format,
         state_masking=cfg.actor.state_masking, max_obs_length=mt.max_obs_length,
         tool_timeout_s=mt.tool_timeout_s, max_tool_error_fraction=mt.max_tool_error_fraction,
-        pipeline_groups=cfg.rollout.pipeline_groups,
+        pipeline_groups=mt.pipeline_groups,
     )  # fmt: skip

@@ -6,7 +6,7 @@ returns the turn's calls; `Group.observe` takes their results, appends the obser
 the rows and to the session, and the group is ready to decode again.
 
 `run_groups` drives the groups. With one group, a turn's calls run in this thread and are
-awaited (the loop as it always was). With ``K`` groups (``rollout.pipeline_groups``)
+awaited (the loop as it always was). With ``K`` groups (``rollout.multi_turn.pipeline_groups``)
 a group's calls are handed to the tools' background threads (`lmrl.tools.CallsInFlight`) and
 the next ready group decodes meanwhile; a group whose calls came back is ready again. So a
 300 ms retriever costs the decoder nothing while another group has work to decode.

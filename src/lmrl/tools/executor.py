@@ -14,7 +14,7 @@ one); nothing a tool does ends the run here. Each result says whether the tool w
 
 `CallsInFlight` runs turns in the background: `CallsInFlight.submit` hands a turn's calls to
 `run_calls` on one of its threads and returns a future, so the agent loop decodes other rows
-while they run (``rollout.pipeline_groups``). Its threads live as long as it does
+while they run (``rollout.multi_turn.pipeline_groups``). Its threads live as long as it does
 (until `CallsInFlight.close`): the worker processes of a user's tools that a turn starts there
 die with the thread that started them, so that thread must outlive them. Two turns in flight
 reach one worker-process pool one after the other (`lmrl.tools.processes.run_in_pool` holds
