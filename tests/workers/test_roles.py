@@ -24,19 +24,18 @@ from lmrl.rollout.hf import HFEngine
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
 from lmrl.workers.dist import DataParallel
-from lmrl.workers.group import (
+from lmrl.workers.group import RankWorker, RayWorkerGroup
+from lmrl.workers.reference import ReferenceWorker
+from lmrl.workers.reward import RewardWorker
+from lmrl.workers.roles import ActorRole, CriticRole, EngineRole, ReferenceRole, RewardRole
+from lmrl.workers.stand_ins import (
     GroupActor,
     GroupCritic,
     GroupEngine,
     GroupReference,
     GroupReward,
-    RankWorker,
-    RayWorkerGroup,
     _Trained,
 )
-from lmrl.workers.reference import ReferenceWorker
-from lmrl.workers.reward import RewardWorker
-from lmrl.workers.roles import ActorRole, CriticRole, EngineRole, ReferenceRole, RewardRole
 
 
 def _load(path: Path) -> ModuleType:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import logging
 
 from lmrl.config import Config
-from lmrl.workers.group import (
+from lmrl.workers.group import RayWorkerGroup
+from lmrl.workers.stand_ins import (
     GroupActor,
     GroupCritic,
     GroupEngine,
     GroupReference,
     GroupReward,
-    RayWorkerGroup,
 )
 
 log = logging.getLogger("lmrl.workers")

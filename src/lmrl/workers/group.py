@@ -6,8 +6,8 @@ A group is ``world_size`` Ray actors of one class, `RankWorker`; each is a
 roles with ``lmrl.workers.build.build_workers``: the actor (with its engine and reference)
 and, colocated or in a pool of its own, the critic, plus the reward scoring. The driver talks
 to a group through stand-ins with the methods of the local workers (`GroupActor`,
-`GroupEngine`, `GroupReference`, `GroupCritic`, `GroupReward`: the roles of
-``lmrl.workers.roles``), so ``Trainer.step`` runs unchanged. How each call is dispatched:
+`GroupEngine`, `GroupReference`, `GroupCritic`, `GroupReward` of ``lmrl.workers.stand_ins``:
+the roles of ``lmrl.workers.roles``), so ``Trainer.step`` runs unchanged. How each call is dispatched:
 
     generate            prompts cut into contiguous chunks, one per rank, each sampled with
                         its position in the batch (``prompt_offset``), so the rollout is the
@@ -36,28 +36,19 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from lmrl.batch import Batch
 from lmrl.config import Config
 from lmrl.errors import LmrlError, WorkerError
-from lmrl.rollout.merge import concat_rollouts
-from lmrl.workers.actor import UPDATE_KEYS as ACTOR_KEYS
-from lmrl.workers.critic import UPDATE_KEYS as CRITIC_KEYS
 from lmrl.workers.dist import DDP, partition_rows
 
 if TYPE_CHECKING:
-    from lmrl.rewards.result import RewardResult
+    pass
 
 log = logging.getLogger("lmrl.workers")
 
 __all__ = [
-    "GroupActor",
-    "GroupCritic",
-    "GroupEngine",
-    "GroupReference",
-    "GroupReward",
     "RankWorker",
     "RayWorkerGroup",
     "make_dp",
@@ -455,148 +446,3 @@ def _worker_env(threads: int) -> dict[str, str]:
         if key in os.environ:
             env[key] = os.environ[key]
     return env
-
-
-# ------------------------------------------------------------ stand-ins for the local workers
-
-
-class GroupEngine:
-    """The rollout engine of a group: each rank samples a contiguous chunk of the prompts."""
-
-    def __init__(self, group: RayWorkerGroup) -> None:
-        self.group = group
-        self.pad_id = group.infos[0]["pad_id"]
-        self.shares_weights = group.infos[0]["shares_weights"]
-
-    def generate(
-        self, prompts: Batch, n: int = 1, sampling=None, *, prompt_offset: int = 0
-    ) -> Batch:
-        chunks = prompts.chunk(self.group.world_size)
-        offsets = np.cumsum([0] + [len(c) for c in chunks[:-1]]) + prompt_offset
-        outs = self.group.call_each(
-            "generate", [(c, n, sampling, int(o)) for c, o in zip(chunks, offsets, strict=True)]
-        )
-        outs = [o for o in outs if o is not None]
-        return outs[0] if len(outs) == 1 else concat_rollouts(outs, self.pad_id)
-
-    def close(self) -> None:
-        """Nothing here: each rank's engine is freed with its process (``RayBackend.close``)."""
-
-
-class _Trained:
-    """Checkpoint methods of a trained role (state of rank 0, weights gathered by all)."""
-
-    role = ""
-
-    def __init__(self, group: RayWorkerGroup) -> None:
-        self.group = group
-
-    def state_dict(self) -> dict:
-        states = self.group.call("state", self.role)
-        state = states[0]
-        state["rank_rngs"] = [s.pop("rank_rng") for s in states]
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        rngs = state.get("rank_rngs")
-        per_rank = []
-        for rank in range(self.group.world_size):
-            s = {k: v for k, v in state.items() if k != "rank_rngs"}
-            if rngs is not None and len(rngs) == self.group.world_size:
-                s["rank_rng"] = rngs[rank]
-            per_rank.append((self.role, s))
-        self.group.call_each("load_state", per_rank)
-
-    def scale_lr(self, factor: float) -> float:
-        return self.group.call("scale_lr", self.role, factor)[0]
-
-    def model_state(self) -> dict[str, torch.Tensor]:
-        return self.group.call("weights", self.role)[0]
-
-    def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
-        self.group.call("load_weights", self.role, state)
-
-
-class GroupActor(_Trained):
-    """The actor of a group: log-probs split across ranks; the update on every rank."""
-
-    role = "actor"
-
-    def compute_log_probs(
-        self, batch: Batch, with_entropy: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not with_entropy:
-            return self.group.map_rows("actor_log_probs", batch), None
-        return self.group.map_rows("actor_log_probs", batch, True)
-
-    def update_actor(
-        self, batch: Batch, *, old_log_probs_from_update: bool = False
-    ) -> dict[str, torch.Tensor]:
-        batch = batch.select(*(k for k in ACTOR_KEYS if k in batch))
-        metrics = self.group.call("update_actor", batch, old_log_probs_from_update)[0]
-        return {k: torch.tensor(v) for k, v in metrics.items()}
-
-
-class GroupCritic(_Trained):
-    """The critic of a group (colocated with the actor or in a pool of its own)."""
-
-    role = "critic"
-
-    def compute_values(self, batch: Batch) -> torch.Tensor:
-        return self.group.map_rows("values", batch)
-
-    def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
-        batch = batch.select(*(k for k in CRITIC_KEYS if k in batch))
-        metrics = self.group.call("update_critic", batch)[0]
-        return {k: torch.tensor(v) for k, v in metrics.items()}
-
-
-class GroupReference:
-    """The reference of a group: ``ref_log_probs`` split across ranks."""
-
-    def __init__(self, group: RayWorkerGroup) -> None:
-        self.group = group
-
-    def compute_log_probs(self, batch: Batch) -> torch.Tensor:
-        return self.group.map_rows("ref_log_probs", batch)
-
-
-def _extra_column(result: RewardResult, key: str) -> np.ndarray:
-    """``result.extras[key]`` (B,), or an object array of None when the rank has no such key
-    (concatenated with the other ranks' columns, numbers and None stay numeric extras)."""
-    if key in result.extras:
-        return np.asarray(result.extras[key])
-    out = np.empty(len(result.token_level_scores), dtype=object)
-    out[:] = None
-    return out
-
-
-class GroupReward:
-    """Reward scoring on the ranks: contiguous chunks of rows, results joined in order."""
-
-    def __init__(self, group: RayWorkerGroup) -> None:
-        self.group = group
-
-    def __call__(self, batch: Batch) -> RewardResult:
-        from lmrl.rewards.result import RewardResult
-
-        chunks = batch.chunk(self.group.world_size)
-        results = [
-            r for r in self.group.call_each("score", [(c,) for c in chunks]) if r is not None
-        ]
-        # a key one rank lacks (a function's extra that no sample of its chunk returned)
-        # is None on that rank's rows
-        keys = list(dict.fromkeys(k for r in results for k in r.extras))
-        extras = {k: np.concatenate([_extra_column(r, k) for r in results]) for k in keys}
-        metrics: dict[str, float] = {}
-        for r in results:
-            for k, v in r.metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + float(v)
-        scores = torch.cat([r.token_level_scores for r in results])
-        return RewardResult(token_level_scores=scores, extras=extras, metrics=metrics)
-
-    def check_dataset(self, dataset) -> None:
-        self.group.call_one(0, "check_dataset", dataset)
-
-    def close(self) -> None:
-        """The ranks stop their reward workers when the group closes."""

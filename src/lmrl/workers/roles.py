@@ -3,7 +3,7 @@
 A role has the same methods, with the same argument names and defaults, wherever it runs:
 in this process (``ActorWorker``, ``CriticWorker``, ``ReferenceWorker``, ``RewardWorker`` or a
 reward manager), on a Ray worker group (the stand-ins ``GroupActor``, ``GroupCritic``,
-``GroupReference``, ``GroupReward`` of ``lmrl.workers.group``), or as a test's fake. The
+``GroupReference``, ``GroupReward`` of ``lmrl.workers.stand_ins``), or as a test's fake. The
 method names are verl's: ``compute_log_probs``, ``update_actor``, ``compute_values``,
 ``update_critic``. ``tests/workers/test_roles.py`` checks every implementation against these.
 
