@@ -19,7 +19,8 @@ def test_defaults_are_verls():
     assert cfg.data.truncation == "error" and cfg.data.shuffle is True
     # rollout
     assert cfg.rollout.n == 1 and cfg.rollout.temperature == 1.0 and cfg.rollout.top_k == -1
-    assert cfg.rollout.log_prob_mode == "decoupled"
+    assert cfg.rollout.log_prob_mode is None  # resolved: decoupled, rollout_correction if async
+    assert resolve_config(cfg).rollout.log_prob_mode == "decoupled"
     assert (cfg.rollout.val_kwargs.temperature, cfg.rollout.val_kwargs.do_sample) == (0.0, False)
     # algorithm
     assert cfg.algorithm.adv_estimator == "gae"
@@ -57,7 +58,7 @@ def test_every_key_and_section_is_documented():
     tops = [p for p, s in spec.items() if s.section and "." not in p]
     want = ["data", "model", "rollout", "reward", "reward_model", "algorithm", "actor", "critic"]
     want += ["ref", "retriever"]
-    assert tops == [*want, "trainer", "resources"]
+    assert tops == [*want, "trainer", "resources", "async_training"]
     for path, s in spec.items():
         assert len(s.help) > 5, f"{path} has no help text"
     assert len(leaf_paths()) > 100

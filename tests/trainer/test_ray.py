@@ -8,6 +8,7 @@ float32 two correct summation orders disagree far above 1e-5; in float64 they ag
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -131,15 +132,7 @@ def test_a_killed_worker_ends_the_run_with_its_name_and_the_last_checkpoint(
     cfg = load_config(None, overrides)
     parts = build_run(cfg)
     victim = parts.backend.groups[0].infos[1]["pid"]
-    seen = {"n": 0}
-
-    def kill_rank_1(stage: str) -> None:
-        if stage == "update_actor":
-            seen["n"] += 1
-            if seen["n"] == 2:
-                os.kill(victim, signal.SIGKILL)
-
-    trainer = Trainer(parts, cfg.trainer, on_stage=kill_rank_1)
+    trainer = Trainer(parts, cfg.trainer, on_stage=_kill_at_update(victim, 2))
     with pytest.raises(WorkerError) as err:
         trainer.fit()
     text = str(err.value)
@@ -150,6 +143,19 @@ def test_a_killed_worker_ends_the_run_with_its_name_and_the_last_checkpoint(
     assert not _ray_processes()
     _train(overrides)  # and a resume from there finishes
     assert latest_checkpoint(run_dir).name == "global_step_3"
+
+
+def _kill_at_update(pid: int, nth: int):
+    """An ``on_stage`` that SIGKILLs process ``pid`` as the ``nth`` actor update starts."""
+    seen = {"n": 0}
+
+    def kill(stage: str) -> None:
+        if stage == "update_actor":
+            seen["n"] += 1
+            if seen["n"] == nth:
+                os.kill(pid, signal.SIGKILL)
+
+    return kill
 
 
 def _wait_for(condition, seconds: float) -> None:
@@ -268,3 +274,45 @@ def test_fsdp2_with_gradient_checkpointing_on_two_ray_workers_equals_one_process
     for name in ("actor", "critic"):
         _assert_same(_weights(local, name), _weights(run_dir, name))
     assert not _ray_processes()
+
+
+def test_async_on_a_rollout_group_of_its_own_equals_async_in_one_process(
+    tiny_workspace, tiny_overrides, tmp_path, caplog
+):
+    """One actor rank trains while one rollout rank generates one step ahead: the fixed
+    schedule makes it the run one process makes with a generation thread."""
+    extra = ("async_training.enable=true",)
+    split = ("trainer.backend=ray", "resources.n_gpus_per_node=1", "resources.num_cpus=2",
+             "resources.rollout_workers=1")  # fmt: skip
+    _train(_overrides(tiny_overrides, tiny_workspace, tmp_path / "local", *extra))
+    caplog.set_level(logging.INFO, logger="lmrl.workers")
+    _train(_overrides(tiny_overrides, tiny_workspace, tmp_path / "ray", *extra, *split))
+    assert "1 CPU workers (actor); rollout group of 1" in caplog.text
+    _assert_same(_weights(tmp_path / "local"), _weights(tmp_path / "ray"))
+    assert not _ray_processes()
+
+
+def test_a_dead_rollout_worker_ends_an_async_run_in_one_line(
+    tiny_workspace, tiny_overrides, tmp_path
+):
+    """The generator thread's error reaches the trainer at its next batch: one line naming the
+    rollout rank and what to resume from, no Ray process and no thread left."""
+    import threading
+
+    run_dir = tmp_path / "rollout-killed"
+    split = ("trainer.backend=ray", "resources.n_gpus_per_node=1", "resources.num_cpus=2",
+             "async_training.enable=true", "trainer.save_freq=1")  # fmt: skip
+    overrides = _overrides(tiny_overrides, tiny_workspace, run_dir, *split)
+    cfg = load_config(None, overrides)
+    parts = build_run(cfg)
+    victim = parts.backend.groups[-1].infos[0]["pid"]  # the rollout group's rank 0
+    # killed during the first update, while it waits for that update's weights (step 2's)
+    trainer = Trainer(parts, cfg.trainer, on_stage=_kill_at_update(victim, 1))
+    with pytest.raises(WorkerError) as err:
+        trainer.fit()
+    text = str(err.value)
+    assert "rollout worker of rank 0" in text and str(victim) in text and "died" in text, text
+    assert "no checkpoint was written yet" in text  # it died during the first step
+    assert "Traceback" not in text and len(text.splitlines()) == 1
+    assert not any(t.name == "lmrl-rollout-ahead" for t in threading.enumerate())
+    _wait_for(lambda: not _ray_processes(), 30)

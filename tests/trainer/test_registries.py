@@ -29,8 +29,11 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 
 
 def _choices(cls, name: str) -> tuple[str, ...]:
-    """The values of a ``Literal[...]`` config field."""
-    return typing.get_args(typing.get_type_hints(cls)[name])
+    """The values of a ``Literal[...]`` config field (``Literal[...] | None``: its values)."""
+    hint = typing.get_type_hints(cls)[name]
+    if typing.get_origin(hint) is not typing.Literal:  # an optional Literal
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return typing.get_args(hint)
 
 
 CASES: list[tuple[str, list[str]]] = []

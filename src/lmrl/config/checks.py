@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmrl.config import names as builtin
+from lmrl.config.async_training import check_async
 from lmrl.config.fields import get_path as _get
 from lmrl.config.fields import is_url
 from lmrl.config.run import RUN_CHECKS
@@ -580,4 +581,5 @@ CHECKS: tuple[Callable[[Config, Findings], None], ...] = (
     check_algorithm,
     check_placement,
     check_precision,
+    check_async,
 )

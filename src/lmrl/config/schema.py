@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from lmrl.config.async_training import AsyncTrainingConfig
 from lmrl.config.run import RunSettings, opt, options
 from lmrl.config.update import (
     ActorConfig,
@@ -320,12 +321,13 @@ class RolloutConfig:
         None,
         "Sequences per forward pass when recomputing old log-probs; null = all at once.",
     )
-    log_prob_mode: Literal["decoupled", "bypass", "rollout_correction"] = opt(
-        "decoupled",
+    log_prob_mode: Literal["decoupled", "bypass", "rollout_correction"] | None = opt(
+        None,
         "Whose log-probs are pi_old in the PPO ratio: decoupled = recomputed by the actor "
-        "(3 policies, default); bypass = the rollout engine's own (2 policies, no recompute); "
+        "(3 policies); bypass = the rollout engine's own (2 policies, no recompute); "
         "rollout_correction = recomputed, plus importance weights pi_old / pi_rollout "
-        "(rollout.correction).",
+        "(rollout.correction); null = decoupled, or rollout_correction for an async run "
+        "(async_training).",
     )
     correction: RolloutCorrectionConfig = opt(
         RolloutCorrectionConfig(), "Rollout-correction settings."
@@ -492,6 +494,11 @@ class ResourcesConfig:
         "0 = the critic shares the actor's workers (verl's colocated default); N > 0 = a "
         "separate pool of N critic workers.",
     )
+    rollout_workers: int = opt(
+        1,
+        "Ranks of the rollout worker group of an async run (async_training.enable) on Ray: "
+        "they generate and score while the actor's ranks train.",
+    )
     num_cpus: int | None = opt(
         None, "CPUs of the run's own local Ray instance (ray.init num_cpus); null = all."
     )
@@ -536,11 +543,15 @@ class Config:
     retriever: RetrieverConfig = opt(RetrieverConfig(), "The search tool's passages.")
     trainer: TrainerConfig = opt(TrainerConfig(), "The run.")
     resources: ResourcesConfig = opt(ResourcesConfig(), "Placement.")
+    async_training: AsyncTrainingConfig = opt(
+        AsyncTrainingConfig(), "Generation ahead of training, with a staleness bound."
+    )
 
 
 __all__ = [
     "ActorConfig",
     "AlgorithmConfig",
+    "AsyncTrainingConfig",
     "Config",
     "CriticConfig",
     "CriticModelConfig",

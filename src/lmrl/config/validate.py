@@ -42,6 +42,7 @@ import dataclasses
 import logging
 import os
 
+from lmrl.config.async_training import log_prob_mode
 from lmrl.config.checks import CHECKS, Findings, estimator_needs
 from lmrl.config.errors import ConfigError
 from lmrl.config.fields import get_path as _get
@@ -58,7 +59,8 @@ def resolve_config(cfg: Config) -> Config:
     Filled when null: ``critic.enable`` (on for estimators that need values),
     ``critic.model.path`` (the actor's),
     ``critic.ppo_epochs / ppo_mini_batch_size / shuffle / loss_agg_mode`` (the actor's),
-    ``ref.log_prob_micro_batch_size`` (the rollout's), ``data.seed`` (``trainer.seed``),
+    ``ref.log_prob_micro_batch_size`` (the rollout's), ``rollout.log_prob_mode``
+    (``lmrl.config.async_training.log_prob_mode``), ``data.seed`` (``trainer.seed``),
     ``data.gen_batch_size`` (``data.train_batch_size``), ``trainer.default_local_dir``
     (``checkpoints/<project_name>/<experiment_name>``); options a key declared with ``options``
     (``rollout.vllm``) leaves out take their defaults. A leading ``~`` in paths is expanded.
@@ -90,6 +92,8 @@ def resolve_config(cfg: Config) -> Config:
         cfg.ref.log_prob_micro_batch_size = cfg.rollout.log_prob_micro_batch_size
     if data.gen_batch_size is None:
         data.gen_batch_size = data.train_batch_size
+    if cfg.rollout.log_prob_mode is None:
+        cfg.rollout.log_prob_mode = log_prob_mode(cfg)
     for path, spec in schema().items():  # options set in code may leave some out
         if spec.items is not None:
             _set(cfg, path, {**dataclasses.asdict(spec.items()), **_get(cfg, path)})
@@ -196,6 +200,16 @@ def inert_keys(cfg: Config) -> dict[str, str]:
         ]
         out.update(dict.fromkeys([f"algorithm.{k}" for k in keys], why))
     out.update(_inert_placement(cfg))
+    a = cfg.async_training
+    if not a.enable:
+        why = "async_training.enable=false, so nothing is generated ahead; set it to true"
+        keys = ["staleness_threshold", "trigger_parameter_sync_step", "partial_rollout"]
+        out.update(dict.fromkeys([f"async_training.{k}" for k in keys], why))
+    if not (a.enable and cfg.trainer.backend == "ray"):
+        out["resources.rollout_workers"] = (
+            "only an async run on Ray has a rollout group; set async_training.enable=true "
+            "and trainer.backend=ray"
+        )
     if cfg.rollout.name != "vllm":
         why = f"rollout.name={cfg.rollout.name}, so no vLLM engine runs; set rollout.name=vllm"
         out.update({f"rollout.vllm.{k}": why for k in cfg.rollout.vllm})

@@ -177,6 +177,30 @@ VERL_RULES: tuple[Rule, ...] = (
         when_true=("rollout.log_prob_mode", "bypass"),
     ),
     Rule("algorithm.rollout_is_veto_threshold", None, _UNSUPPORTED, only=(None,)),
+    # async_training: verl's fully-async recipe (the section's own keys are ours too)
+    Rule(
+        "async_training.use_rollout_log_probs",
+        None,
+        "rollout.log_prob_mode decides",
+        when_true=("rollout.log_prob_mode", "bypass"),
+    ),
+    Rule(
+        "async_training.compute_prox_log_prob",
+        None,
+        "rollout.log_prob_mode decides",
+        when_true=("rollout.log_prob_mode", "rollout_correction"),
+    ),
+    Rule(
+        "async_training.require_batches",
+        None,
+        "an lmrl step trains on one whole batch of data.train_batch_size prompts",
+        only=(1,),
+    ),
+    Rule(
+        "async_training.checkpoint_engine.*",
+        None,
+        "verl's NCCL broadcast of the weights; lmrl hands them to the engine between requests",
+    ),
     # ---- accepted, change nothing here: model
     Rule("model.use_remove_padding", None, _KERNEL),
     Rule("model.use_fused_kernels", None, _KERNEL),

@@ -337,7 +337,9 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
         p = _Panel(axes[1, 2], series, smooth, "Time per step", "seconds")
         for key, label, color in [("timing_s/step", "step", "C0"),
                                   ("timing_s/gen", "generation", "C1"),
-                                  ("timing_s/update_actor", "actor update", "C2")]:  # fmt: skip
+                                  ("timing_s/update_actor", "actor update", "C2"),
+                                  ("timing_s/wait_batch", "waiting for the batch (async)",
+                                   "C3")]:  # fmt: skip
             p.line(key, label, color=color)
         p.ax.set_ylim(bottom=0)
         why = "0 by construction"

@@ -37,6 +37,9 @@ class CopyEngine(RolloutEngine):
         model: the actor's causal LM (the source of the weights; never written).
         tokenizer: its tokenizer.
         dtype: the copy's dtype (``"bfloat16"``, ``"float16"``, ``"float32"``).
+        follow: sync before a call whenever the actor's weights changed (the synchronous
+            step); False = only when ``sync_weights`` is called (an async run hands each
+            weights version over itself, between requests).
         **options: `HFEngine`'s keyword arguments (``seed``, ``micro_batch_size``, ...).
 
     Attributes:
@@ -47,10 +50,13 @@ class CopyEngine(RolloutEngine):
 
     shares_weights = False
 
-    def __init__(self, model: nn.Module, tokenizer=None, *, dtype: str, **options) -> None:
+    def __init__(
+        self, model: nn.Module, tokenizer=None, *, dtype: str, follow: bool = True, **options
+    ) -> None:
         device = next(model.parameters()).device
         self.dtype = resolve_dtype(dtype, device)
         self.source = model
+        self.follow = follow
         with torch.no_grad():
             self.copy = copy.deepcopy(model).to(self.dtype).eval()
         for p in self.copy.parameters():
@@ -70,14 +76,15 @@ class CopyEngine(RolloutEngine):
         return (weights_version(self.source), *(p._version for p in self.source.parameters()))
 
     def _sync_if_changed(self) -> None:
-        if self._versions() != self._synced:
+        if self.follow and self._versions() != self._synced:
             self.sync_weights()
 
     def sync_weights(
         self, state_dict: Mapping[str, torch.Tensor] | None = None, strict: bool = True
     ) -> None:
         """Copy ``state_dict`` (the actor's names), or the actor's current weights, into the
-        copy, cast to its dtype.
+        copy, cast to its dtype. A tied weight may be left out when its twin is there (a
+        checkpoint's ``model_state`` holds ``lm_head.weight`` once, as the embedding).
 
         Raises:
             RuntimeError: missing or unexpected keys when ``strict`` (torch's message).
@@ -85,9 +92,21 @@ class CopyEngine(RolloutEngine):
         with torch.no_grad():
             if state_dict is None:
                 state_dict = self.source.state_dict()  # never sharded: fsdp2 is refused
-            self.copy.load_state_dict(state_dict, strict=strict)
+            result = self.copy.load_state_dict(state_dict, strict=False)
+        missing = [k for k in result.missing_keys if not self._twin_in(k, state_dict)]
+        if strict and (missing or result.unexpected_keys):
+            raise RuntimeError(
+                f"weights for the rollout copy: missing {missing}, "
+                f"unexpected {result.unexpected_keys}"
+            )
         self._synced = self._versions()
         self.sync_count += 1
+
+    def _twin_in(self, key: str, state_dict: Mapping[str, torch.Tensor]) -> bool:
+        """Whether ``key`` is a tied weight whose twin is in ``state_dict``."""
+        tensors = self.copy.state_dict(keep_vars=True)
+        ptr = tensors[key].data_ptr()
+        return any(k in state_dict for k, t in tensors.items() if k != key and t.data_ptr() == ptr)
 
     def generate(
         self,

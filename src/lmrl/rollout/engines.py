@@ -24,13 +24,18 @@ ENGINES: Registry = Registry("rollout engine")
 
 
 @ENGINES.register("hf")
-def _hf_engine(model: nn.Module, tokenizer=None, *, dtype: str | None = None, **options):
+def _hf_engine(
+    model: nn.Module, tokenizer=None, *, dtype: str | None = None, follow: bool = True, **options
+):
     """`HFEngine` over the actor's own module, or `CopyEngine` (a copy of the weights in
-    ``dtype``) when ``dtype`` is another than the actor's."""
+    ``dtype``) when ``dtype`` is another than the actor's or the engine must not follow the
+    actor's weights (``follow=False``: an async run, which hands each version over itself)."""
     first = next(model.parameters(), None)
-    if dtype is None or first is None or resolve_dtype(dtype, first.device) == first.dtype:
+    same = dtype is None or first is None or resolve_dtype(dtype, first.device) == first.dtype
+    if same and follow:
         return HFEngine(model, tokenizer, **options)
-    return CopyEngine(model, tokenizer, dtype=dtype, **options)
+    dtype = dtype or str(first.dtype).removeprefix("torch.")
+    return CopyEngine(model, tokenizer, dtype=dtype, follow=follow, **options)
 
 
 @ENGINES.register("vllm")

@@ -113,6 +113,8 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: no CUDA graphs (slower decode, faster start, less memory).
         free_cache_engine: sleep between rollouts (GPU), so training gets the KV cache's memory.
         dtype: vLLM's dtype; None = the actor's.
+        follow: sync from the actor whenever its weights changed (the synchronous step);
+            False = only when ``sync_weights`` is called (an async run's pushes).
     """
 
     shares_weights = False  # a copy of the weights: the trainer measures the gap
@@ -133,6 +135,7 @@ class VLLMEngine(RolloutEngine):
         enforce_eager: bool = True,
         free_cache_engine: bool = True,
         dtype: str | None = None,
+        follow: bool = True,
     ) -> None:
         missing = vllm_missing()
         if missing:
@@ -145,6 +148,7 @@ class VLLMEngine(RolloutEngine):
         self.device = next(model.parameters()).device
         self.sleeps = bool(free_cache_engine) and self.device.type == "cuda"
         self._synced: tuple[int, ...] | None = None
+        self.follow = follow
         self.sync_count = 0  # copies made, and the seconds they took (benchmarks, tests)
         self.sync_seconds = 0.0
         self._dir = tempfile.TemporaryDirectory(prefix="lmrl-vllm-model-")
@@ -217,7 +221,7 @@ class VLLMEngine(RolloutEngine):
         self.sync_seconds += time.perf_counter() - start
 
     def _sync_if_changed(self) -> None:
-        if self._versions() != self._synced:
+        if self.follow and self._versions() != self._synced:
             with torch.no_grad():
                 self.sync_weights()
 

@@ -78,6 +78,18 @@ METRICS: dict[str, str] = {
     "tokenization_gap_clean, stale_gap_before_sync, stale_gap_after_sync, dtype_shift, "
     "micro_batch_shift",
     "rollout_corr/": "rollout importance weights (mean, max, ESS, masked fraction, mismatch KL)",
+    "async/staleness": "async_training: updates between the weights that generated this step's "
+    "batch and the trainer's (every row of a batch shares one version, so the run's staleness "
+    "histogram is this metric over the steps; at most ceil(staleness_threshold) + "
+    "trigger_parameter_sync_step - 1)",
+    "async/weights_version": "async_training: the weights version (updates done) that "
+    "generated the batch; each row carries it too (the batch's weights_version column)",
+    "async/ready_batches": "async_training: batches finished ahead and waiting when this step "
+    "took its own",
+    "async/trainer_idle_frac": "async_training: fraction of the step the trainer waited for "
+    "its batch (timing_s/wait_batch / timing_s/step)",
+    "async/generator_idle_frac": "async_training: fraction of the time of this batch that the "
+    "generator waited for the weights version it needs (the rest it generated and scored)",
     "reward/scored": "scorings attempted in the step: samples times reward functions (the "
     "denominator of reward/errors, reward/timeouts and reward/no_score)",
     "reward/errors": "scorings that failed and scored 0: the function raised, returned None, NaN, "
@@ -91,7 +103,8 @@ METRICS: dict[str, str] = {
     ),
     "filter_groups/": "DAPO dynamic sampling: kept groups and generation batches used",
     "timing_s/": "seconds spent in each stage of the step (gen, reward, old_log_prob, ref, "
-    "values, adv, update_critic, update_actor, step)",
+    "values, adv, update_critic, update_actor, step; with async_training, gen and reward "
+    "ran ahead in the generator and wait_batch is the trainer's wait for them)",
     "perf/throughput": "tokens (prompt + response) processed per second over the whole step",
     "perf/memory_probe_s": "seconds of the memory probe before the first step (logged with "
     "the first step; trainer.memory_probe)",

@@ -40,10 +40,7 @@ def rollout_and_score(parts, step: int, timer: StageTimer, metrics: dict) -> Bat
     kept: list[Batch] = []
     kept_groups, gen_batches, total_groups = 0, 0, 0
     while True:
-        prompts = parts.train_data.get_batch(parts.sampler.next_batch())
-        seed = plan.seed + 1_000_003 * step + gen_batches  # one per (step, generation round)
-        with timer("gen"):
-            batch = parts.engine.generate(prompts, n, dataclasses.replace(plan.sampling, seed=seed))
+        batch, prompts = generate(parts, step, timer, gen_batches)
         if "reward_baselines" in plan.estimator_needs:
             with timer("gen_baseline"):
                 batch["reward_baselines"] = greedy_baseline(parts, prompts)
@@ -72,6 +69,27 @@ def rollout_and_score(parts, step: int, timer: StageTimer, metrics: dict) -> Bat
         )
         return batch
     return concat_rollouts(kept, parts.engine.pad_id).index(slice(0, target * n))
+
+
+def generate(parts, step: int, timer: StageTimer, round_: int = 0) -> tuple[Batch, Batch]:
+    """Stage 1 alone: the next prompts from the sampler and their ``n`` responses each,
+    seeded per (step, generation round) so a resumed run samples the same responses.
+    Returns the rollout and its prompts."""
+    plan = parts.plan
+    prompts = parts.train_data.get_batch(parts.sampler.next_batch())
+    seed = plan.seed + 1_000_003 * step + round_
+    with timer("gen"):
+        batch = parts.engine.generate(
+            prompts, plan.n, dataclasses.replace(plan.sampling, seed=seed)
+        )
+    return batch, prompts
+
+
+def scored_apart(plan) -> bool:
+    """Whether a batch can be scored after its generation, apart from it (stage 2 in flight
+    while the next batch generates): not under DAPO's dynamic sampling (its scores decide
+    whether to generate more) nor ReMax (its baseline is generated and scored with it)."""
+    return not plan.filter_groups.enable and "reward_baselines" not in plan.estimator_needs
 
 
 def greedy_baseline(parts, prompts: Batch) -> torch.Tensor:
@@ -136,5 +154,5 @@ def validate(parts) -> dict[str, float]:
     return validation_metrics(sources, uids, scores, accs or None, k=plan.val_n)
 
 
-__all__ = ["concat_rollouts", "filter_metric", "greedy_baseline", "rollout_and_score", "score",
-           "validate"]  # fmt: skip
+__all__ = ["concat_rollouts", "filter_metric", "generate", "greedy_baseline", "rollout_and_score",
+           "score", "scored_apart", "validate"]  # fmt: skip

@@ -11,6 +11,10 @@
     7 critic      clipped value loss
     8 actor       the policy loss
 
+With ``async_training.enable`` stages 1-2 run ahead in threads of their own
+(``lmrl.trainer.ahead``): the step takes the batch its staleness bound allows and hands the
+new weights over after its update.
+
 The trainer builds nothing: ``lmrl.trainer.run.build_run`` hands it the parts, and it never
 branches on an algorithm's name (what a stage prepares comes from the registries, through the
 parts' ``StepPlan``). Around the step: validation, checkpoints with exact resume, metrics, and
@@ -20,8 +24,10 @@ the signals and save failures that must never cost finished work.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,7 +47,22 @@ from lmrl.trainer.resume import RunStart
 from lmrl.trainer.run import RunParts
 from lmrl.trainer.stages import rollout_and_score, validate
 
+if TYPE_CHECKING:
+    from lmrl.trainer.ahead import RolloutAhead
+
 log = logging.getLogger("lmrl.trainer")
+
+
+def rollout_ahead(parts: RunParts, on_stage=None) -> RolloutAhead | None:
+    """The thread that generates ahead under ``async_training.enable``, else None."""
+    a = parts.config.async_training if parts.config is not None else None
+    if a is None or not a.enable:
+        return None
+    from lmrl.trainer.ahead import RolloutAhead
+
+    return RolloutAhead(parts, math.ceil(a.staleness_threshold), a.trigger_parameter_sync_step,
+                        parts.total_steps, load=parts.engine.sync_weights,
+                        on_stage=on_stage)  # fmt: skip
 
 
 class Trainer(RunsOnLoop):
@@ -68,6 +89,9 @@ class Trainer(RunsOnLoop):
         self.total_steps = parts.total_steps
         self.global_step = 0
         self.last_batch: Batch | None = None
+        # async_training: stages 1-2 run ahead in threads (lmrl.trainer.ahead); else None
+        self.ahead = rollout_ahead(parts, self.on_stage)
+        self._pushed = False  # the weights the first batch ahead needs are handed over
         resume(self)
         self.probe_metrics: dict[str, float] = {}
         if wants_probe(cfg.memory_probe, str(resolve_device(cfg.device)), cfg.backend):
@@ -80,8 +104,12 @@ class Trainer(RunsOnLoop):
         timer = StageTimer(on_enter=self.on_stage)
         metrics: dict = {}
         with timer("step"):
-            # 1-2. rollout and reward (DAPO dynamic sampling may loop over both)
-            batch = rollout_and_score(p, self.global_step, timer, metrics)
+            # 1-2. rollout and reward (DAPO dynamic sampling may loop over both); with
+            # async_training they ran ahead, with the weights of a version this step allows
+            if self.ahead is None:
+                batch = rollout_and_score(p, self.global_step, timer, metrics)
+            else:
+                batch = self._take(metrics, timer)
             mask = batch["response_mask"]
 
             # 3. old log-probs: pi_old of the PPO ratio
@@ -98,7 +126,8 @@ class Trainer(RunsOnLoop):
                 metrics["actor/old_log_prob_recomputed"] = 1.0
                 if "rollout_log_probs" in batch:
                     metrics |= engine_gap(batch["old_log_probs"], batch["rollout_log_probs"], mask)
-                    metrics |= self.parity(batch, metrics, p)  # the first large gap
+                    if not metrics.get("async/staleness"):  # a stale batch's gap is no fault
+                        metrics |= self.parity(batch, metrics, p)  # the first large gap
             if plan.log_prob_mode == "rollout_correction":
                 c = plan.correction
                 weights, loss_mask, is_metrics = rollout_importance_weights(
@@ -145,10 +174,14 @@ class Trainer(RunsOnLoop):
                     metrics |= p.actor.update_actor(batch, old_log_probs_from_update=own)
 
         self.global_step += 1
+        if self.ahead is not None:  # the new version, if a batch to come is generated with it
+            self.ahead.push(self.global_step, self._snapshot)
         out = to_floats(metrics)
         out |= data_metrics(batch, plan.max_response_length)
         out |= timer.metrics()
         out["perf/throughput"] = throughput(batch, timer.seconds["step"])
+        if self.ahead is not None:
+            out["async/trainer_idle_frac"] = timer.seconds["wait_batch"] / timer.seconds["step"]
         out["training/step"] = float(self.global_step)
         out["training/epoch"] = float(p.sampler.epoch)
         out |= self.probe_metrics  # the first step's only
@@ -156,9 +189,36 @@ class Trainer(RunsOnLoop):
         self.last_batch = batch
         return out
 
+    def _push_start(self) -> None:
+        """Hand the current weights over once (a start or a resume): the version the next
+        batch to generate may need."""
+        if not self._pushed:
+            self.ahead.push(self.global_step, self._snapshot)
+            self._pushed = True
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        """The actor's weights now, copied: in one process on a CPU ``model_state`` shares
+        the parameters' storage, and a version handed over must not move with the next
+        update (a Ray group's weights arrive as copies already)."""
+        state = self.parts.actor.model_state()
+        if self.parts.backend is not None:
+            return state
+        return {k: v.clone() for k, v in state.items()}
+
+    def _take(self, metrics: dict, timer: StageTimer) -> Batch:
+        """The batch generated ahead for this step (async_training), with its metrics."""
+        self._push_start()
+        with timer("wait_batch"):
+            batch, ahead_metrics = self.ahead.take(self.global_step)
+        metrics |= ahead_metrics
+        return batch
+
     def validate(self) -> dict[str, float]:
-        """Validation metrics of the current policy (see ``lmrl.trainer.stages.validate``)."""
-        return validate(self.parts)
+        """Validation metrics of the current policy (see ``lmrl.trainer.stages.validate``);
+        with async_training, on the engine between two batches, with the current weights."""
+        if self.ahead is None:
+            return validate(self.parts)
+        return self.ahead.exclusive(self.parts.actor.model_state(), lambda: validate(self.parts))
 
     @property
     def has_validation(self) -> bool:
@@ -193,8 +253,12 @@ class Trainer(RunsOnLoop):
         ]
 
     def close(self) -> None:
-        """Stop the reward workers and close the trackers."""
-        self.parts.close()
+        """Stop the thread generating ahead, the reward workers, and close the trackers."""
+        try:
+            if self.ahead is not None:
+                self.ahead.close()
+        finally:
+            self.parts.close()
 
     # ---------------------------------------------------------------- checkpoints
     def _trained(self) -> dict:
@@ -220,6 +284,10 @@ class Trainer(RunsOnLoop):
             state["critic"] = p.critic.state_dict()
         if p.kl_ctrl is not None:
             state["kl_ctrl"] = p.kl_ctrl.state_dict()
+        if self.ahead is not None:  # the batches in flight, and the sampler after them
+            self._push_start()
+            state["ahead"] = self.ahead.state_dict(self.global_step)
+            state["sampler"] = state["ahead"].pop("sampler")
         return state
 
     def export(self) -> Path:
@@ -260,6 +328,9 @@ class Trainer(RunsOnLoop):
         p.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.global_step = int(state["global_step"])
+        if self.ahead is not None:
+            self.ahead.load_state_dict(state.get("ahead"), self.global_step)
+            self._pushed = False
 
 
 __all__ = ["Trainer"]

@@ -3,7 +3,10 @@ workers' faces.
 
 One group of ``resources.nnodes * resources.n_gpus_per_node`` ranks holds, colocated as verl
 does by default, the actor with its rollout engine and reference, the reward scoring and (for
-PPO) the critic; with ``resources.critic_workers > 0`` the critic gets a pool of its own.
+PPO) the critic; with ``resources.critic_workers > 0`` the critic gets a pool of its own. An
+async run (``async_training.enable``) generates and scores on a rollout group of its own
+(``resources.rollout_workers`` ranks, each with a frozen copy of the policy that the trainer's
+weights are handed to), so generation overlaps the actor's update.
 ``build_run`` hands the stand-ins (``actor``, ``critic``, ``reference``, ``engine``,
 ``reward``) to the trainer, whose step does not change; ``close`` stops the groups and the
 Ray instance the run started (never a cluster it only joined).
@@ -43,7 +46,8 @@ class RayBackend:
     def __init__(self, cfg: Config, total_steps: int) -> None:
         from lmrl.workers.ray_cluster import RayCluster
 
-        self.cluster = RayCluster(cfg.resources, device=cfg.trainer.device)
+        rollout = cfg.resources.rollout_workers if cfg.async_training.enable else 0
+        self.cluster = RayCluster(cfg.resources, device=cfg.trainer.device, extra_workers=rollout)
         self.groups: list[RayWorkerGroup] = []
         self.cluster.start()
         try:
@@ -57,7 +61,8 @@ class RayBackend:
         use_gpu = self.cluster.use_gpu
         world = r.nnodes * r.n_gpus_per_node
         separate_critic = cfg.critic.enable and r.critic_workers > 0
-        roles = ["actor", "reward"]
+        separate_rollout = cfg.async_training.enable
+        roles = ["actor"] if separate_rollout else ["actor", "reward"]
         if cfg.critic.enable and not separate_critic:
             roles.append("critic")
         main = RayWorkerGroup("actor", self.cluster, cfg, roles, world, use_gpu, total_steps)
@@ -68,16 +73,24 @@ class RayBackend:
                 "critic", self.cluster, cfg, ["critic"], r.critic_workers, use_gpu, total_steps
             )
             self.groups.append(critic_group)
+        rollout_group = main
+        if separate_rollout:
+            rollout_group = RayWorkerGroup(  # scoring one batch while the next one generates
+                "rollout", self.cluster, cfg, ["rollout", "reward"], r.rollout_workers, use_gpu,
+                total_steps, concurrency=2,
+            )  # fmt: skip
+            self.groups.append(rollout_group)
         parts = set(main.infos[0]["parts"]) | set(critic_group.infos[0]["parts"])
         self.actor = GroupActor(main)
-        self.engine = GroupEngine(main)
-        self.reward = GroupReward(main)
+        self.engine = GroupEngine(rollout_group)
+        self.reward = GroupReward(rollout_group)
         self.reference = GroupReference(main) if "reference" in parts else None
         self.critic = GroupCritic(critic_group) if "critic" in parts else None
         log.info(
-            "ray: %d %s workers (%s)%s", world, "GPU" if use_gpu else "CPU",
+            "ray: %d %s workers (%s)%s%s", world, "GPU" if use_gpu else "CPU",
             ", ".join(roles),
             f"; critic pool of {r.critic_workers}" if separate_critic else "",
+            f"; rollout group of {r.rollout_workers}" if separate_rollout else "",
         )  # fmt: skip
 
     def close(self) -> None:

@@ -73,23 +73,28 @@ def build_workers(
         total_steps: training steps, for the learning-rate schedules.
         train: False builds only the policy and the engine (``lmrl eval``).
         roles: ``actor`` (policy, reference, actor, engine) and/or ``critic``; a separate
-            critic pool builds ``{"critic"}`` only.
+            critic pool builds ``{"critic"}`` only, an async run's rollout group
+            ``{"rollout"}`` (a frozen policy and its engine, whose weights come from the
+            actor's ranks).
         dp: the data parallelism of this rank (``lmrl.workers.dist``); None = one process.
     """
     policy = actor = critic = reference = engine = None
     # fp32 masters, compute in model.mixed_precision.param_dtype (one error line if the
     # device cannot); every trained model, the reference and hf generation share it
     precision = Precision.from_config(cfg.model, device)
-    if "actor" in roles:
+    if "actor" in roles or "rollout" in roles:
         policy = load_causal_lm(
             cfg.model.path, dtype=precision.master, device=device,
             trust_remote_code=cfg.model.trust_remote_code,
-            gradient_checkpointing=cfg.model.enable_gradient_checkpointing and train,
+            gradient_checkpointing=cfg.model.enable_gradient_checkpointing and train
+            and "actor" in roles,
         )  # fmt: skip
         policy = precision.prepare(policy)
         if cfg.model.lora_rank > 0:
             policy = apply_lora(policy, cfg.model.lora_rank, cfg.model.lora_alpha,
                                 cfg.model.target_modules)  # fmt: skip
+        if "actor" not in roles:  # a rollout rank: generates only, weights handed over
+            policy.requires_grad_(False).eval()
     if train and "actor" in roles:
         # built before any update: a frozen copy of the initial policy, or LoRA disabled
         if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
@@ -125,9 +130,12 @@ def build_workers(
             total_steps=total_steps, seed=cfg.trainer.seed, dp=dp, precision=precision,
         )  # fmt: skip
     if policy is not None:
+        # an async run in one process generates ahead with the weights versions the trainer
+        # hands over (lmrl.trainer.ahead), never with the weights being updated
+        ahead = train and cfg.async_training.enable and cfg.trainer.backend == "local"
         engine = build_engine(
             cfg.rollout.name, policy, tokenizer, seed=cfg.trainer.seed,
-            **engine_options(cfg),
+            **engine_options(cfg), **({"follow": False} if ahead else {}),
         )  # fmt: skip
         engine = with_tools(cfg, engine, tokenizer)
         if precision.mixed and engine.shares_weights:  # hf: the actor's module, its autocast

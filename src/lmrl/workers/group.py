@@ -12,6 +12,7 @@ the roles of ``lmrl.workers.roles``), so ``Trainer.step`` runs unchanged. How ea
     generate            prompts cut into contiguous chunks, one per rank, each sampled with
                         its position in the batch (``prompt_offset``), so the rollout is the
                         one a single process samples; gathered with ``concat_rollouts``
+    load_policy         an async run's rollout group: the actor's weights to every rank
     log-probs, values   whole prompt groups split by token count (``partition_rows``),
                         gathered in order (the entropy too, when asked for)
     update_*            the whole batch to every rank (one object-store copy): each rank
@@ -150,6 +151,8 @@ class RankWorker:
         seed_everything(cfg.trainer.seed)
         strategy = cfg.critic.strategy if self.group == "critic" else cfg.actor.strategy
         offload = cfg.critic.offload if self.group == "critic" else cfg.actor.offload
+        if self.group == "rollout":  # whole weights on each rank: it only generates
+            strategy, offload = "ddp", "none"
         dp = make_dp(strategy, self.rank, self.world_size, _offload(offload))
         self.dp, self.device = dp, device
         tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
@@ -266,6 +269,19 @@ class RankWorker:
     def load_weights(self, role: str, state: dict[str, torch.Tensor]) -> None:
         self._role(role).load_model_state(state)
 
+    @_busy
+    def load_policy(self, state: dict[str, torch.Tensor]) -> None:
+        """A rollout rank's new weights (the actor's full ``model_state``), between two
+        requests; its engine follows them (the weights version is bumped)."""
+        from lmrl.models.loading import bump_weights_version
+
+        policy = self.workers.policy
+        with torch.no_grad():
+            result = policy.load_state_dict(state, strict=False)
+        if result.unexpected_keys:
+            raise KeyError(f"weights the rollout policy does not have: {result.unexpected_keys}")
+        bump_weights_version(policy)
+
     def _role(self, role: str):
         worker = getattr(self.workers, role)
         if worker is None:
@@ -295,11 +311,13 @@ class RayWorkerGroup:
         world_size: ranks.
         use_gpu: one GPU per rank (else one CPU process each).
         total_steps: training steps, for the learning-rate schedules.
+        concurrency: calls a rank runs at once (an async run's rollout group: 2, so a batch
+            is scored while the next one generates).
     """
 
     def __init__(
         self, name: str, cluster, cfg: Config, roles: Sequence[str], world_size: int,
-        use_gpu: bool, total_steps: int,
+        use_gpu: bool, total_steps: int, concurrency: int = 1,
     ) -> None:  # fmt: skip
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -314,6 +332,7 @@ class RayWorkerGroup:
         self.ranks = [
             remote.options(
                 num_cpus=threads,
+                max_concurrency=concurrency,
                 num_gpus=1 if use_gpu else 0,
                 name=f"lmrl-{name}-{rank}-{os.getpid()}",
                 max_restarts=0,

@@ -211,10 +211,12 @@ class RayCluster:
         resources: the ``resources`` config section.
         device: ``trainer.device``: ``cuda`` places one GPU per worker, ``cpu`` one CPU
             process, ``auto`` GPUs when the cluster has enough of them.
+        extra_workers: ranks beyond the actor's and critic's (an async run's rollout group).
     """
 
-    def __init__(self, resources, device: str = "auto") -> None:
+    def __init__(self, resources, device: str = "auto", extra_workers: int = 0) -> None:
         self.resources = resources
+        self.extra_workers = extra_workers
         self.device = device
         self.address = resources.ray_address
         self.temp_dir: str | None = None
@@ -295,6 +297,7 @@ class RayCluster:
     def _check_capacity(self, ray) -> None:
         r = self.resources
         workers = r.nnodes * r.n_gpus_per_node + max(0, getattr(r, "critic_workers", 0))
+        workers += self.extra_workers
         total = ray.cluster_resources()
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         gpus, cpus = int(total.get("GPU", 0)), int(total.get("CPU", 0))

@@ -41,6 +41,10 @@ class GroupEngine:
         outs = [o for o in outs if o is not None]
         return outs[0] if len(outs) == 1 else concat_rollouts(outs, self.pad_id)
 
+    def sync_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Hand the actor's weights to every rank (an async run's rollout group)."""
+        self.group.call("load_policy", state)
+
     def close(self) -> None:
         """Nothing here: each rank's engine is freed with its process (``RayBackend.close``)."""
 
