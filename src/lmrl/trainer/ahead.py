@@ -4,11 +4,12 @@ bound (``async_training``; verl's one-step-off and fully-async recipes).
 `RolloutAhead` runs stages 1-2 for the coming steps in threads of their own while the
 trainer's thread runs stages 3-8: a generator thread generates, and a scoring thread scores
 each batch while the next one generates (the reward in flight; inline instead under DAPO's
-dynamic sampling and ReMax, whose scores decide or join the generation). With the local backend the engine generates with a copy of
-the weights that the trainer hands over (``follow=False``: the weights being updated are never
-read); with Ray the engine is a rollout worker group of its own and the thread only waits on
-it. Either way the thread spends its time in torch ops, tool calls, reward calls or Ray
-waits, all of which release the GIL.
+dynamic sampling and ReMax, whose scores decide or join the generation). With the local
+backend the engine generates with a copy of the weights that the trainer hands over
+(``follow=False``: the weights being updated are never read); with Ray the engine is a
+rollout worker group of its own and the threads only wait on it. Either way the threads
+spend their time in torch ops, tool calls, reward calls or Ray waits, all of which release
+the GIL.
 
 **The schedule is fixed.** The batch of step ``s`` is generated with weights version
 ``v(s) = T * floor(max(s - K, 0) / T)`` (`weights_version_for`: ``K`` the staleness
