@@ -58,7 +58,7 @@ def warm_start(out: Path, seed: int) -> tuple[Path, dict]:
 
 
 def one_run(model: Path, data: dict, run_dir: Path, seed: int, steps: int, staleness: int,
-            delay: float) -> dict:  # fmt: skip
+            delay: float, extra: list[str]) -> dict:  # fmt: skip
     from lmrl.demos.digits import run_rl
 
     judge = run_dir.with_suffix(".judge.py")
@@ -69,6 +69,7 @@ def one_run(model: Path, data: dict, run_dir: Path, seed: int, steps: int, stale
         "resources.rollout_workers=1", "resources.num_cpus=2", "async_training.enable=true",
         f"async_training.staleness_threshold={staleness}", "reward.manager=batch",
         f"reward.custom_reward_function.path={judge}", "reward.custom_reward_function.name=judge",
+        *extra,
     ]  # fmt: skip
     rl = run_rl(model, data, run_dir, seed=seed, steps=steps, lr=3e-4, prompts_per_step=16, n=8,
                 max_response_length=8, test_freq=max(steps // 10, 1), target_acc=2.0,
@@ -95,6 +96,12 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--reward-delay", type=float, default=0.5)
     ap.add_argument("--no-delay-too", action="store_true", help="also each seed without delay")
+    ap.add_argument(
+        "--async-overrides",
+        nargs="*",
+        default=[],
+        help="extra keys of the async run (e.g. rollout.log_prob_mode=bypass)",
+    )
     ap.add_argument("--out", type=Path, default=Path("/tmp/lmrl-async-bench"))
     ap.add_argument(
         "--results", type=Path, default=Path(__file__).with_name("results") / "async_step.json"
@@ -102,14 +109,16 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     delays = [args.reward_delay] + ([0.0] if args.no_delay_too else [])
-    rows = []
+    rows: list[dict] = []
+    print(f"async run's extra keys: {args.async_overrides}", flush=True)
     for seed in args.seeds:
         model, data = warm_start(args.out / f"seed{seed}", seed)
         for delay in delays:
             row = {"seed": seed, "delay_s": delay}
             for name, k in (("sync", 0), ("async", 1)):  # alternating, same warm start
                 run = args.out / f"seed{seed}" / f"{name}-{delay}-{int(time.time())}"
-                row[name] = one_run(model, data, run, seed, args.steps, k, delay)
+                extra = args.async_overrides if k else []
+                row[name] = one_run(model, data, run, seed, args.steps, k, delay, extra)
             row["ratio"] = round(row["async"]["seconds"] / row["sync"]["seconds"], 3)
             row["steps_ratio"] = round(row["async"]["steps_s"] / row["sync"]["steps_s"], 3)
             row["acc_gap"] = round(row["async"]["acc"] - row["sync"]["acc"], 4)
@@ -126,7 +135,8 @@ def main() -> int:
               f"{s['acc_last3']:>9.3f}/{a['acc_last3']:.3f} "
               f"{s['trainer_idle']:>6.2f}/{a['trainer_idle']:.2f}")  # fmt: skip
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"steps": args.steps, "rows": rows}, indent=1) + "\n")
+    args.results.write_text(json.dumps({"steps": args.steps, "async_overrides": args.async_overrides,
+                                        "rows": rows}, indent=1) + "\n")  # fmt: skip
     return 0
 
 

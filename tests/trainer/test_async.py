@@ -201,8 +201,8 @@ def test_staleness_0_is_the_synchronous_run(workspace):
 
 
 def test_one_step_off_trains_on_the_previous_weights_with_rollout_correction(workspace):
-    trainer, metrics = train(workspace, "off1", *ASYNC)
-    assert trainer.parts.config.rollout.log_prob_mode == "rollout_correction"
+    assert load_config(None, args(workspace, "d", *ASYNC)).rollout.log_prob_mode == "bypass"
+    trainer, metrics = train(workspace, "off1", *ASYNC, "rollout.log_prob_mode=rollout_correction")
     assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 1.0, 1.0]
     assert [m["async/weights_version"] for m in metrics] == [0.0, 0.0, 1.0, 2.0]
     # the weights moved between generation and update: a real gap, corrected

@@ -13,8 +13,10 @@ The choices made here (the why is in docs/async.md):
   run whatever the timing, and a resumed run is exact. A batch's staleness is at most
   ``K + T - 1`` updates.
 - The behaviour policy is the rollout's own log-probs. Unless ``rollout.log_prob_mode`` is
-  set, an async run uses ``rollout_correction`` (AReaL's decoupled PPO: the ratio against the
-  recomputed proximal policy, times the truncated weight pi_prox / pi_rollout).
+  set, an async run uses ``bypass`` (verl's fully-async default: the PPO ratio against the
+  rollout's log-probs, its clip the correction); ``rollout_correction`` (AReaL's decoupled
+  PPO) is one key away. Measured in docs/async.md: with one update per batch the decoupled
+  ratio starts at 1 and its clip never binds, and bypass learned better and faster.
 - ``partial_rollout`` is refused: lmrl's engines load new weights between requests, never in
   the middle of one.
 """
@@ -82,14 +84,14 @@ def weights_version_for(step: int, staleness: int, sync_every: int) -> int:
 
 
 def log_prob_mode(cfg) -> str:
-    """``rollout.log_prob_mode`` with null resolved: ``rollout_correction`` for an async run
-    whose batches can be stale, ``decoupled`` otherwise. (verl's
+    """``rollout.log_prob_mode`` with null resolved: ``bypass`` for an async run whose
+    batches can be stale, ``decoupled`` otherwise. (verl's
     ``async_training.use_rollout_log_probs`` / ``compute_prox_log_prob`` set it explicitly:
     ``bypass`` / ``rollout_correction``, the verl table's rows.)"""
     if cfg.rollout.log_prob_mode is not None:
         return cfg.rollout.log_prob_mode
     a = cfg.async_training
-    return "rollout_correction" if staleness_bound(a) > 0 else "decoupled"
+    return "bypass" if staleness_bound(a) > 0 else "decoupled"
 
 
 def check_async(c, f) -> None:
@@ -109,5 +111,5 @@ def check_async(c, f) -> None:
         f.warnings.append(
             "rollout.log_prob_mode=decoupled with async_training: stale samples are trained "
             "against the recomputed policy with no correction for the weights that generated "
-            "them; leave rollout.log_prob_mode unset for rollout_correction"
+            "them; leave rollout.log_prob_mode unset (bypass) or set rollout_correction"
         )

@@ -326,7 +326,7 @@ class RolloutConfig:
         "Whose log-probs are pi_old in the PPO ratio: decoupled = recomputed by the actor "
         "(3 policies); bypass = the rollout engine's own (2 policies, no recompute); "
         "rollout_correction = recomputed, plus importance weights pi_old / pi_rollout "
-        "(rollout.correction); null = decoupled, or rollout_correction for an async run "
+        "(rollout.correction); null = decoupled, or bypass for an async run "
         "(async_training).",
     )
     correction: RolloutCorrectionConfig = opt(
