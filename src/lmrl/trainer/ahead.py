@@ -156,6 +156,8 @@ class RolloutAhead:
         metrics["async/staleness"] = float(step - item.version)
         metrics["async/weights_version"] = float(item.version)
         metrics["async/ready_batches"] = float(len(self._items))
+        # the epoch of this batch's prompts (the sampler itself is batches ahead)
+        metrics["training/epoch"] = float(item.sampler["epoch"])
         return item.batch, metrics
 
     def exclusive(self, weights: Weights | None, fn: Callable[[], Any]) -> Any:

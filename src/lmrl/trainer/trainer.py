@@ -183,7 +183,7 @@ class Trainer(RunsOnLoop):
         if self.ahead is not None:
             out["async/trainer_idle_frac"] = timer.seconds["wait_batch"] / timer.seconds["step"]
         out["training/step"] = float(self.global_step)
-        out["training/epoch"] = float(p.sampler.epoch)
+        out.setdefault("training/epoch", float(p.sampler.epoch))  # async: the batch's own
         out |= self.probe_metrics  # the first step's only
         self.probe_metrics = {}
         self.last_batch = batch
