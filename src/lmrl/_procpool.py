@@ -307,6 +307,8 @@ class ProcessPool:
                         self._remove(worker)
                         continue
                     worker.chunk, worker.clock, worker.handed_back = deque(chunk), now, False
+            if not self._workers:  # each was found dead at the send (killed while idle)
+                continue  # start others before waiting on any
             deadlines = [give_up] if give_up is not None else []
             for w in self._workers:
                 if not w.ready:

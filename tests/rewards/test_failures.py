@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import threading
 import time
 
 import pytest
@@ -259,6 +260,26 @@ def test_timeouts_run_in_parallel_across_the_pool(faults):
         assert "compute_score: call exceeded timeout_s=2 s" in out[0].message
         assert pool.restarts == 8 and len(pool._workers) <= 2  # stand-ins stopped
         assert [o.score for o in pool.run([sample("1"), sample("1")])] == [1.0, 1.0]
+    finally:
+        pool.close()
+
+
+def test_workers_killed_while_idle_are_replaced_at_the_next_call(faults):
+    # e.g. the OOM killer, or Linux's parent-death signal after the thread that started them
+    # ended: every send fails, and the call must start fresh workers, not wait on none
+    pool = ScoringPool([faults], num_workers=2, timeout_s=5.0)
+    try:
+        assert len(pool.run([sample("1")] * 4)) == 4  # both workers ready, then idle
+        for worker in pool._workers:
+            worker.process.kill()
+            worker.process.wait()
+        done = threading.Event()
+        out: list = []
+        threading.Thread(target=lambda: (out.extend(pool.run([sample("1")] * 4)), done.set()),
+                         daemon=True).start()  # fmt: skip
+        assert done.wait(timeout=30), "the call waited on dead workers"
+        assert [o.score for o in out] == [1.0] * 4
+        assert pool.restarts == 2
     finally:
         pool.close()
 
