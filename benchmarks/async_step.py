@@ -58,7 +58,7 @@ def warm_start(out: Path, seed: int) -> tuple[Path, dict]:
 
 
 def one_run(model: Path, data: dict, run_dir: Path, seed: int, steps: int, staleness: int,
-            delay: float, extra: list[str]) -> dict:  # fmt: skip
+            delay: float, extra: list[str], lr: float) -> dict:  # fmt: skip
     from lmrl.demos.digits import run_rl
 
     judge = run_dir.with_suffix(".judge.py")
@@ -71,7 +71,7 @@ def one_run(model: Path, data: dict, run_dir: Path, seed: int, steps: int, stale
         f"reward.custom_reward_function.path={judge}", "reward.custom_reward_function.name=judge",
         *extra,
     ]  # fmt: skip
-    rl = run_rl(model, data, run_dir, seed=seed, steps=steps, lr=3e-4, prompts_per_step=16, n=8,
+    rl = run_rl(model, data, run_dir, seed=seed, steps=steps, lr=lr, prompts_per_step=16, n=8,
                 max_response_length=8, test_freq=max(steps // 10, 1), target_acc=2.0,
                 console=False, warmup_steps=10, overrides=overrides)  # fmt: skip
     hist = rl["history"]
@@ -95,6 +95,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--reward-delay", type=float, default=0.5)
+    ap.add_argument("--lr", type=float, default=3e-4, help="the actor's (the demo's: 3e-4)")
     ap.add_argument("--no-delay-too", action="store_true", help="also each seed without delay")
     ap.add_argument(
         "--async-overrides",
@@ -118,7 +119,7 @@ def main() -> int:
             for name, k in (("sync", 0), ("async", 1)):  # alternating, same warm start
                 run = args.out / f"seed{seed}" / f"{name}-{delay}-{int(time.time())}"
                 extra = args.async_overrides if k else []
-                row[name] = one_run(model, data, run, seed, args.steps, k, delay, extra)
+                row[name] = one_run(model, data, run, seed, args.steps, k, delay, extra, args.lr)
             row["ratio"] = round(row["async"]["seconds"] / row["sync"]["seconds"], 3)
             row["steps_ratio"] = round(row["async"]["steps_s"] / row["sync"]["steps_s"], 3)
             row["acc_gap"] = round(row["async"]["acc"] - row["sync"]["acc"], 4)
@@ -135,7 +136,7 @@ def main() -> int:
               f"{s['acc_last3']:>9.3f}/{a['acc_last3']:.3f} "
               f"{s['trainer_idle']:>6.2f}/{a['trainer_idle']:.2f}")  # fmt: skip
     args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps({"steps": args.steps, "async_overrides": args.async_overrides,
+    args.results.write_text(json.dumps({"steps": args.steps, "lr": args.lr, "async_overrides": args.async_overrides,
                                         "rows": rows}, indent=1) + "\n")  # fmt: skip
     return 0
 
