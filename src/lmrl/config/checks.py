@@ -162,6 +162,7 @@ def check_ranges(c: Config, f: Findings) -> None:
         "critic.ppo_epochs",
         "trainer.total_epochs",
         "resources.nnodes",
+        "reward.in_flight_chunks",
     ]
     ge1_or_null = [
         "data.val_batch_size",
@@ -193,6 +194,8 @@ def check_ranges(c: Config, f: Findings) -> None:
     )
     if c.model.lora_rank > 0:
         f.check("model.lora_alpha", lambda x: x > 0, "must be > 0 when LoRA is on")
+    if c.reward.manager == "batch":  # its function would see whatever rows stopped together
+        f.check("reward.in_flight_rows", lambda x: not x, "needs reward.manager=naive or dapo")
 
     f.check(
         "actor.clip_ratio_c",

@@ -389,6 +389,21 @@ class RewardConfig:
         "(cheapest, but a hanging reward function hangs training).",
     )
     timeout_s: float = opt(10.0, "Seconds one sample's scoring may take before it scores 0.")
+    in_flight_chunks: int = opt(
+        1,
+        "Generate a step's prompts in this many calls (whole groups) and score each call's "
+        "samples while the next generates (docs/async.md); same samples. 1 = one call.",
+    )
+    in_flight_rows: bool = opt(
+        False,
+        "Score each sample the moment it stops, while the other rows decode (the hf engine; "
+        "other engines: per call). Per-sample managers only (naive, dapo).",
+    )
+    launch_async: bool = opt(
+        False,
+        "Also overlap the scoring with the old and reference log-probs and values: only the "
+        "advantages wait for it (verl's launch_reward_fn_async).",
+    )
     max_error_fraction: float = opt(
         0.9,
         "Stop the run when the first step's scoring fails (raises, times out, returns no "

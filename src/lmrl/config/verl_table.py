@@ -377,7 +377,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("reward_model.forward_max_token_len_per_gpu", None, _BSZ),
     Rule("reward_model.ulysses_sequence_parallel_size", None, _SP),
     Rule("reward_model.profiler.*", None, _PROF),
-    Rule("reward_model.launch_reward_fn_async", None, "reward.num_workers sets parallelism"),
+    Rule("reward_model.launch_reward_fn_async", "reward.launch_async"),
     Rule(
         "reward_model.sandbox_fusion.url",
         None,

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RewardResult", "column", "split_extras"]
+__all__ = ["RewardResult", "column", "merge_results", "split_extras"]
 
 
 @dataclass
@@ -77,4 +77,41 @@ def column(values: list[Any]) -> np.ndarray:
         return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
     out = np.empty(len(values), dtype=object)
     out[:] = values
+    return out
+
+
+def merge_results(results: Sequence[RewardResult], width: int | None = None) -> RewardResult:
+    """The results of consecutive row blocks of one batch, as one result.
+
+    Args:
+        results: one per block, in row order; their widths ``T`` may differ (blocks generated
+            apart are as wide as their own longest response).
+        width: the merged ``T``; default the widest. Scores are right-padded with zeros.
+    Returns:
+        Scores, extras and counters of every row: a key one block lacks (an extra no sample of
+        it returned) is None on that block's rows (numbers and None stay a numeric extra), and
+        the counters are summed.
+    """
+    width = max(r.token_level_scores.shape[1] for r in results) if width is None else width
+    if len(results) == 1 and results[0].token_level_scores.shape[1] == width:
+        return results[0]
+    scores = torch.cat([
+        torch.nn.functional.pad(r.token_level_scores, (0, width - r.token_level_scores.shape[1]))
+        for r in results
+    ])  # fmt: skip
+    keys = list(dict.fromkeys(k for r in results for k in r.extras))
+    extras = {k: np.concatenate([_extra_column(r, k) for r in results]) for k in keys}
+    metrics: dict[str, float] = {}
+    for r in results:
+        for k, v in r.metrics.items():
+            metrics[k] = metrics.get(k, 0.0) + float(v)
+    return RewardResult(token_level_scores=scores, extras=extras, metrics=metrics)
+
+
+def _extra_column(result: RewardResult, key: str) -> np.ndarray:
+    """``result.extras[key]`` (B,), or an object array of None where the result has no such key."""
+    if key in result.extras:
+        return np.asarray(result.extras[key])
+    out = np.empty(len(result.token_level_scores), dtype=object)
+    out[:] = None
     return out

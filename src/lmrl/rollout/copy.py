@@ -72,6 +72,15 @@ class CopyEngine(RolloutEngine):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    @property
+    def row_done(self):
+        """The inner engine's `HFEngine.row_done` (rows reported as they stop)."""
+        return self.inner.row_done
+
+    @row_done.setter
+    def row_done(self, hook) -> None:
+        self.inner.row_done = hook
+
     def _versions(self) -> tuple[int, ...]:
         return (weights_version(self.source), *(p._version for p in self.source.parameters()))
 

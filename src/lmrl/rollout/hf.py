@@ -27,7 +27,7 @@ every optimizer step is seen by the next rollout without copying weights.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -67,7 +67,17 @@ class HFEngine(RolloutEngine):
         decode: ``auto`` (CUDA graphs on CUDA, today's loop elsewhere), ``graphs``, ``static``
             (preallocated cache, eager) or ``dynamic`` (today's loop); `lmrl.rollout.static`.
         check_every: decode steps between host checks that every row has finished (static).
+
+    Attributes:
+        row_done: None, or called as ``row_done(rows, responses, response_mask, log_probs)``
+            the moment rows of a `generate` call stop (EOS, a stop string, the length
+            limit): ``rows`` (k,) their places among the call's B*n rows, the others (k, t)
+            their tokens so far (the trainer scores them while the other rows decode:
+            ``reward.in_flight_rows``). Row by row in the dynamic decode; a micro-batch at a
+            time in the static and graphs decodes.
     """
+
+    row_done: Callable | None = None
 
     def __init__(
         self,
@@ -142,7 +152,8 @@ class HFEngine(RolloutEngine):
                     ids, m = input_ids[r].to(device), mask[r].to(device)
                     shared = (first.to(device), inverse.to(device))
                     draws = Draws(seed, keys[start : start + size])
-                    pieces.append(self._sample(ids, m, pos, sampling, draws, *shared))
+                    done = _shifted(self.row_done, start)
+                    pieces.append(self._sample(ids, m, pos, sampling, draws, *shared, done))
         finally:
             for module, training in flags.items():
                 module.training = training
@@ -215,6 +226,7 @@ class HFEngine(RolloutEngine):
         draws: Draws,
         first: torch.Tensor | None = None,
         inverse: torch.Tensor | None = None,
+        row_done: Callable | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The sampling loop for one micro-batch of left-padded rows.
 
@@ -225,6 +237,7 @@ class HFEngine(RolloutEngine):
             first, inverse: rows sharing a prompt: ``first`` (U,) one row of each distinct
                 prompt, ``inverse`` (R,) each row's distinct prompt; the prefill runs the U
                 rows only. None = every row is prefilled.
+            row_done: `HFEngine.row_done` for this micro-batch's rows.
         Returns:
             ``responses`` (R, T) right-padded with the pad id, ``response_mask`` bool (R, T),
             ``log_probs`` (R, T) float32 0 outside the mask; T = steps run.
@@ -238,6 +251,8 @@ class HFEngine(RolloutEngine):
             position_ids = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
         out = static_sample(self, input_ids, mask, position_ids, sampling, draws, first, inverse)
         if out is not None:
+            if row_done is not None:
+                row_done(torch.arange(rows), *out)
             return out
         next_pos = position_ids[:, -1] + 1  # (R,)
         # the mask grows by one always-valid column per step; finished rows' outputs are unused
@@ -270,6 +285,12 @@ class HFEngine(RolloutEngine):
                     self.tokenizer, responses, ends, alive, sampling.stop, stop_width
                 )
             steps = t + 1
+            if row_done is not None:  # the rows that stopped now, or all left at the limit
+                stopped = alive if t + 1 == max_new else finished & alive
+                idx = stopped.nonzero().flatten()
+                if len(idx):
+                    row_done(idx.cpu(), responses[idx, :steps], response_mask[idx, :steps],
+                             log_probs[idx, :steps])  # fmt: skip
             if t + 1 == max_new or bool(finished.all()):
                 break
             logits = self._forward(
@@ -451,6 +472,13 @@ class HFSession:
 
 
 _REASONS = ("", "eos", "stop", "length")  # why a session row's turn ended, by code
+
+
+def _shifted(row_done: Callable | None, start: int) -> Callable | None:
+    """``row_done`` for a micro-batch whose first row is the call's row ``start``."""
+    if row_done is None:
+        return None
+    return lambda rows, *tensors: row_done(rows + start, *tensors)
 
 
 def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:

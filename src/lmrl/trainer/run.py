@@ -67,6 +67,11 @@ class StepPlan:
             and the update's first forward sees the weights the rollout saw); 0 otherwise.
         critic_warmup: steps that update only the critic.
         seed: the run's seed.
+        reward_chunks: generation calls per step, each scored as it finishes
+            (``reward.in_flight_chunks``).
+        reward_rows: each sample scored as it stops (``reward.in_flight_rows``).
+        reward_deferred: the scores are awaited only by the advantages
+            (``reward.launch_async``).
     """
 
     n: int
@@ -86,6 +91,9 @@ class StepPlan:
     update_rows: int
     critic_warmup: int
     seed: int
+    reward_chunks: int = 1
+    reward_rows: bool = False
+    reward_deferred: bool = False
 
     def old_log_probs_from_update(self, rows: int, step: int, shares_weights: bool) -> bool:
         """Whether this step's old log-probs are taken from the actor update's own first
@@ -158,6 +166,9 @@ class StepPlan:
             update_rows=cfg.actor.ppo_mini_batch_size * r.n if single_pass else 0,
             critic_warmup=cfg.trainer.critic_warmup,
             seed=cfg.trainer.seed,
+            reward_chunks=cfg.reward.in_flight_chunks,
+            reward_rows=cfg.reward.in_flight_rows,
+            reward_deferred=cfg.reward.launch_async,
         )
 
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from lmrl.batch import Batch
-from lmrl.rewards.result import split_extras
+from lmrl.rewards.result import RewardResult, merge_results, split_extras
+from lmrl.rollout.base import finish_rollout
 from lmrl.rollout.merge import concat_rollouts
 from lmrl.trainer.metrics import StageTimer
 from lmrl.trainer.validation import validation_metrics
@@ -21,11 +24,106 @@ from lmrl.trainer.validation import validation_metrics
 log = logging.getLogger("lmrl.trainer")
 
 
-def rollout_and_score(parts, step: int, timer: StageTimer, metrics: dict) -> Batch:
+def scoring_thread(plan) -> ThreadPoolExecutor | None:
+    """The run's thread for rewards in flight, where the plan overlaps scoring with anything
+    (``reward.in_flight_chunks`` > 1, ``in_flight_rows`` or ``launch_async``), else None. One
+    for the whole run: the reward's worker processes live as long as the thread that started
+    them."""
+    if plan.reward_chunks > 1 or plan.reward_rows or plan.reward_deferred:
+        return ThreadPoolExecutor(1, thread_name_prefix="lmrl-reward")
+    return None
+
+
+class Scoring:
+    """A step's reward calls, one at a time in the run's scoring thread, so that scoring
+    overlaps what the step does meanwhile: the rest of the generation (the rows that stopped
+    while the others decode, ``reward.in_flight_rows``; the calls done while the next ones
+    generate, ``reward.in_flight_chunks``) and, under ``reward.launch_async``, stages 3-5.
+    Every reward call of the step goes through it (ReMax's baseline too): the reward manager
+    is never called from two threads at once.
+
+    Args:
+        reward: the run's reward scoring (``RewardRole``).
+        thread: from `scoring_thread`; None = the calls run in the caller's thread, the
+            blocks' at `join` (the synchronous step: generate, then score; a reward function
+            of the user's may rely on the main thread).
+    """
+
+    def __init__(self, reward, thread: ThreadPoolExecutor | None = None) -> None:
+        self.reward = reward
+        self.thread = thread
+        self._blocks: list[Future | Batch] = []  # a Batch: scored at join
+        self._rows: list[np.ndarray] = []  # each block's rows of the batch
+        self._next = 0
+
+    def submit(self, block: Batch, rows: np.ndarray | None = None) -> None:
+        """Score ``block``, whose rows are the batch's ``rows`` (default its next rows in
+        order): now in the thread, or at `join` without one."""
+        if rows is None:
+            rows = np.arange(self._next, self._next + len(block))
+            self._next += len(block)
+        self._rows.append(np.asarray(rows))
+        self._blocks.append(self.thread.submit(self.reward, block) if self.thread else block)
+
+    def call(self, batch: Batch) -> RewardResult:
+        """Score ``batch`` apart from the blocks (ReMax's baseline), in turn with them."""
+        if self.thread is None:
+            return self.reward(batch)
+        return self.thread.submit(self.reward, batch).result()
+
+    def join(self, batch: Batch, metrics: dict) -> dict[str, np.ndarray]:
+        """Wait for the blocks, which together are ``batch``'s rows, and write their scores
+        into it in row order (see `record`); returns the numeric extras. A reward's error is
+        raised here."""
+        try:
+            results = [
+                b.result() if isinstance(b, Future) else self.reward(b) for b in self._blocks
+            ]
+        finally:
+            self.close()
+        merged = merge_results(results, batch["responses"].shape[1])
+        order = np.concatenate(self._rows)
+        if not np.array_equal(order, np.arange(len(batch))):  # rows scored as they stopped
+            if not np.array_equal(np.sort(order), np.arange(len(batch))):
+                raise RuntimeError(f"{len(order)} rows scored for a batch of {len(batch)}")
+            back = torch.as_tensor(np.argsort(order))
+            merged = RewardResult(
+                merged.token_level_scores[back],
+                {k: np.asarray(v)[back.numpy()] for k, v in merged.extras.items()},
+                merged.metrics,
+            )
+        return record(batch, merged, metrics)
+
+    def close(self) -> None:
+        """Drop the step's calls not started (a step that failed)."""
+        for block in self._blocks:
+            if isinstance(block, Future):
+                block.cancel()
+
+
+def rollout(
+    parts, step: int, timer: StageTimer, metrics: dict, thread: ThreadPoolExecutor | None = None
+) -> tuple[Batch, Scoring | None]:
+    """Stages 1-2 as the trainer runs them, scoring in ``thread`` (see `scoring_thread`): the
+    batch, and its scoring still under way when ``reward.launch_async`` lets stages 3-5
+    overlap it (the caller joins it before the advantages), else None with the batch scored
+    (see `rollout_and_score`)."""
+    plan = parts.plan
+    if thread is None or not plan.reward_deferred or plan.filter_groups.enable:
+        return rollout_and_score(parts, step, timer, metrics, thread), None  # DAPO: now
+    batch, scoring = _generate_scored(parts, step, timer, 0, thread)
+    return batch, scoring
+
+
+def rollout_and_score(
+    parts, step: int, timer: StageTimer, metrics: dict, thread: ThreadPoolExecutor | None = None
+) -> Batch:
     """Generate ``n`` responses per prompt and score them (stages 1-2).
 
-    With ``algorithm.filter_groups`` (DAPO dynamic sampling), groups whose responses all have
-    the same filter metric are dropped and more prompts are generated until
+    With a scoring ``thread`` the samples are scored while the rest generate (see
+    `generate`); ``timing_s/reward`` is then the wait after the generation. With
+    ``algorithm.filter_groups`` (DAPO dynamic sampling), groups whose responses all have the
+    same filter metric are dropped and more prompts are generated until
     ``data.train_batch_size`` groups are kept or ``max_num_gen_batches`` is hit.
 
     Args:
@@ -34,18 +132,16 @@ def rollout_and_score(parts, step: int, timer: StageTimer, metrics: dict) -> Bat
             run samples the same responses.
         timer: the step's stage timer.
         metrics: the step's metrics, added to.
+        thread: the run's scoring thread (`scoring_thread`), or None to score in this one.
     """
     plan = parts.plan
     fg, n, target = plan.filter_groups, plan.n, plan.train_batch_size
     kept: list[Batch] = []
     kept_groups, gen_batches, total_groups = 0, 0, 0
     while True:
-        batch, prompts = generate(parts, step, timer, gen_batches)
-        if "reward_baselines" in plan.estimator_needs:
-            with timer("gen_baseline"):
-                batch["reward_baselines"] = greedy_baseline(parts, prompts)
-        with timer("reward"):
-            extras = score(parts.reward, batch, metrics)
+        batch, scoring = _generate_scored(parts, step, timer, gen_batches, thread)
+        with timer("reward"):  # what the scoring adds after the generation
+            extras = scoring.join(batch, metrics)
         if not fg.enable:
             return batch
         gen_batches += 1
@@ -71,18 +167,81 @@ def rollout_and_score(parts, step: int, timer: StageTimer, metrics: dict) -> Bat
     return concat_rollouts(kept, parts.engine.pad_id).index(slice(0, target * n))
 
 
-def generate(parts, step: int, timer: StageTimer, round_: int = 0) -> tuple[Batch, Batch]:
-    """Stage 1 alone: the next prompts from the sampler and their ``n`` responses each,
-    seeded per (step, generation round) so a resumed run samples the same responses.
-    Returns the rollout and its prompts."""
-    plan = parts.plan
+def _generate_scored(parts, step: int, timer: StageTimer, round_: int, thread):
+    """Stage 1 (and ReMax's baseline) with the rows handed to a `Scoring` as they come."""
+    scoring = Scoring(parts.reward, thread)
+    try:
+        batch, prompts = generate(parts, step, timer, round_, scoring)
+        if "reward_baselines" in parts.plan.estimator_needs:
+            with timer("gen_baseline"):
+                batch["reward_baselines"] = greedy_baseline(parts, prompts, scoring)
+    except BaseException:
+        scoring.close()
+        raise
+    return batch, scoring
+
+
+def generate(
+    parts, step: int, timer: StageTimer, round_: int = 0, scoring: Scoring | None = None
+) -> tuple[Batch, Batch]:
+    """Stage 1: the next prompts from the sampler and their ``n`` responses each, seeded per
+    (step, generation round) so a resumed run samples the same responses. Returns the
+    rollout and its prompts.
+
+    With ``scoring``, the rows are handed to it as they are generated; when it scores in a
+    thread of its own, the prompts are generated in ``reward.in_flight_chunks`` calls of whole
+    groups, each at its place in the batch (``prompt_offset``), so the samples are those of
+    one call, and with ``reward.in_flight_rows`` each row as it stops (`_generate_rows`).
+    """
+    plan, engine = parts.plan, parts.engine
     prompts = parts.train_data.get_batch(parts.sampler.next_batch())
-    seed = plan.seed + 1_000_003 * step + round_
+    sampling = dataclasses.replace(plan.sampling, seed=plan.seed + 1_000_003 * step + round_)
+    overlapped = scoring is not None and scoring.thread is not None
+    chunks = min(plan.reward_chunks, len(prompts)) if overlapped else 1
+    rows = overlapped and plan.reward_rows and hasattr(engine, "row_done")
+    if rows and "uid" not in prompts:  # a row scored early carries its batch's uid
+        prompts["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
     with timer("gen"):
-        batch = parts.engine.generate(
-            prompts, plan.n, dataclasses.replace(plan.sampling, seed=seed)
-        )
-    return batch, prompts
+        if chunks <= 1 and not rows:
+            batch = engine.generate(prompts, plan.n, sampling)
+            if scoring is not None:
+                scoring.submit(batch)
+            return batch, prompts
+        blocks = []
+        for part in np.array_split(np.arange(len(prompts)), chunks):
+            lo, hi = int(part[0]), int(part[-1]) + 1
+            call = prompts.index(slice(lo, hi))
+            if rows:
+                blocks.append(_generate_rows(engine, call, sampling, lo, plan.n, scoring))
+            else:
+                blocks.append(engine.generate(call, plan.n, sampling, prompt_offset=lo))
+                scoring.submit(blocks[-1])
+        batch = blocks[0] if len(blocks) == 1 else concat_rollouts(blocks, engine.pad_id)
+        return batch, prompts
+
+
+def _generate_rows(engine, prompts: Batch, sampling, offset: int, n: int, scoring: Scoring):
+    """One generation call whose rows are handed to ``scoring`` as they stop
+    (``reward.in_flight_rows``, through `HFEngine.row_done`); rows the engine did not report
+    (a decode that reports none) are handed over when the call returns."""
+    reported = np.zeros(len(prompts) * n, dtype=bool)
+
+    def row_done(rows: torch.Tensor, responses, response_mask, log_probs) -> None:
+        local = rows.numpy()
+        block = finish_rollout(prompts.index(rows // n), 1, responses, response_mask,
+                               log_probs, sampling.logprob_temperature)  # fmt: skip
+        scoring.submit(block, offset * n + local)
+        reported[local] = True
+
+    engine.row_done = row_done
+    try:
+        out = engine.generate(prompts, n, sampling, prompt_offset=offset)
+    finally:
+        engine.row_done = None
+    rest = np.flatnonzero(~reported)
+    if len(rest):
+        scoring.submit(out.index(torch.as_tensor(rest)), offset * n + rest)
+    return out
 
 
 def scored_apart(plan) -> bool:
@@ -92,19 +251,24 @@ def scored_apart(plan) -> bool:
     return not plan.filter_groups.enable and "reward_baselines" not in plan.estimator_needs
 
 
-def greedy_baseline(parts, prompts: Batch) -> torch.Tensor:
-    """ReMax's baseline: the reward of one greedy response per prompt, repeated n times."""
+def greedy_baseline(parts, prompts: Batch, scoring: Scoring | None = None) -> torch.Tensor:
+    """ReMax's baseline: the reward of one greedy response per prompt, repeated n times
+    (scored in turn with the batch's blocks when ``scoring`` is given)."""
     baseline = parts.engine.generate(prompts, 1, parts.plan.greedy)
-    scores = parts.reward(baseline).token_level_scores.sum(-1)
-    return scores.repeat_interleave(parts.plan.n)
+    result = scoring.call(baseline) if scoring is not None else parts.reward(baseline)
+    return result.token_level_scores.sum(-1).repeat_interleave(parts.plan.n)
 
 
 def score(reward, batch: Batch, metrics: dict) -> dict[str, np.ndarray]:
+    """Score ``batch`` in one call and `record` the result; returns the numeric extras."""
+    return record(batch, reward(batch), metrics)
+
+
+def record(batch: Batch, result: RewardResult, metrics: dict) -> dict[str, np.ndarray]:
     """Write ``token_level_scores`` into ``batch``; add the manager's numeric extras and
     counters to ``metrics``; keep its text extras (e.g. verl's ``pred``) in the non-tensor
     column ``reward_texts`` (a dict per sample, {} without text) for the generations log;
     return the numeric extras (per-sample arrays)."""
-    result = reward(batch)
     batch["token_level_scores"] = result.token_level_scores.to(batch["responses"].device)
     numeric, texts = split_extras(result.extras)
     for key, value in numeric.items():
@@ -154,5 +318,6 @@ def validate(parts) -> dict[str, float]:
     return validation_metrics(sources, uids, scores, accs or None, k=plan.val_n)
 
 
-__all__ = ["concat_rollouts", "filter_metric", "generate", "greedy_baseline", "rollout_and_score",
-           "score", "scored_apart", "validate"]  # fmt: skip
+__all__ = ["Scoring", "concat_rollouts", "filter_metric", "generate", "greedy_baseline", "record",
+           "rollout", "rollout_and_score", "score", "scored_apart", "scoring_thread",
+           "validate"]  # fmt: skip

@@ -2,7 +2,9 @@
 
     1 rollout     prompts -> n responses each (plus a greedy baseline when the estimator
                   needs ``reward_baselines``, i.e. ReMax)
-    2 reward      token_level_scores (DAPO dynamic sampling loops 1-2 until the batch is full)
+    2 reward      token_level_scores (DAPO dynamic sampling loops 1-2 until the batch is full);
+                  scored as rows stop or calls finish (``reward.in_flight_rows`` and
+                  ``in_flight_chunks``), awaited only at 6 under ``reward.launch_async``
     3 old_log_prob  decoupled (recomputed), bypass (the rollout's own) or rollout correction
                   (which writes its rejections to ``loss_mask``, never over ``response_mask``)
     4 ref         ref_log_probs, when a KL term is on
@@ -23,6 +25,7 @@ the signals and save failures that must never cost finished work.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Callable
@@ -45,7 +48,7 @@ from lmrl.trainer.metrics import StageTimer, data_metrics, engine_gap, throughpu
 from lmrl.trainer.parity import ParityProbe
 from lmrl.trainer.resume import RunStart
 from lmrl.trainer.run import RunParts
-from lmrl.trainer.stages import rollout_and_score, validate
+from lmrl.trainer.stages import rollout, scoring_thread, validate
 
 if TYPE_CHECKING:
     from lmrl.trainer.ahead import RolloutAhead
@@ -91,6 +94,8 @@ class Trainer(RunsOnLoop):
         self.last_batch: Batch | None = None
         # async_training: stages 1-2 run ahead in threads (lmrl.trainer.ahead); else None
         self.ahead = rollout_ahead(parts, self.on_stage)
+        # reward.in_flight_chunks / launch_async: the run's scoring thread, else None
+        self._scoring = scoring_thread(parts.plan)
         self._pushed = False  # the weights the first batch ahead needs are handed over
         resume(self)
         self.probe_metrics: dict[str, float] = {}
@@ -103,11 +108,15 @@ class Trainer(RunsOnLoop):
         p, plan = self.parts, self.parts.plan
         timer = StageTimer(on_enter=self.on_stage)
         metrics: dict = {}
-        with timer("step"):
+        with timer("step"), contextlib.ExitStack() as stack:
             # 1-2. rollout and reward (DAPO dynamic sampling may loop over both); with
-            # async_training they ran ahead, with the weights of a version this step allows
+            # async_training they ran ahead, with the weights of a version this step allows;
+            # with reward.launch_async the scoring is still under way (joined at 6)
+            scoring = None
             if self.ahead is None:
-                batch = rollout_and_score(p, self.global_step, timer, metrics)
+                batch, scoring = rollout(p, self.global_step, timer, metrics, self._scoring)
+                if scoring is not None:
+                    stack.callback(scoring.close)
             else:
                 batch = self._take(metrics, timer)
             mask = batch["response_mask"]
@@ -149,6 +158,9 @@ class Trainer(RunsOnLoop):
                     batch["values"] = p.critic.compute_values(batch)
 
             # 6. advantages (KL in the reward first)
+            if scoring is not None:
+                with timer("reward"):  # what the scoring adds after stages 3-5
+                    scoring.join(batch, metrics)
             with timer("adv"):
                 rewards = batch["token_level_scores"]
                 if p.kl_ctrl is not None:
@@ -253,8 +265,11 @@ class Trainer(RunsOnLoop):
         ]
 
     def close(self) -> None:
-        """Stop the thread generating ahead, the reward workers, and close the trackers."""
+        """Stop the threads generating ahead and scoring, the reward workers, and close the
+        trackers."""
         try:
+            if self._scoring is not None:
+                self._scoring.shutdown(wait=False, cancel_futures=True)
             if self.ahead is not None:
                 self.ahead.close()
         finally:

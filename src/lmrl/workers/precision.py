@@ -200,6 +200,15 @@ class PrecisionEngine(RolloutEngine):
     def pad_id(self) -> int:
         return self.engine.pad_id
 
+    @property
+    def row_done(self):
+        """The engine's ``row_done`` (AttributeError where it reports no rows)."""
+        return self.engine.row_done
+
+    @row_done.setter
+    def row_done(self, hook) -> None:
+        self.engine.row_done = hook
+
     def generate(self, prompts, n=1, sampling=None, *, prompt_offset: int = 0):
         with self.precision.autocast():
             return self.engine.generate(prompts, n, sampling, prompt_offset=prompt_offset)

@@ -127,16 +127,6 @@ class GroupReference:
         return self.group.map_rows("ref_log_probs", batch)
 
 
-def _extra_column(result: RewardResult, key: str) -> np.ndarray:
-    """``result.extras[key]`` (B,), or an object array of None when the rank has no such key
-    (concatenated with the other ranks' columns, numbers and None stay numeric extras)."""
-    if key in result.extras:
-        return np.asarray(result.extras[key])
-    out = np.empty(len(result.token_level_scores), dtype=object)
-    out[:] = None
-    return out
-
-
 class GroupReward:
     """Reward scoring on the ranks: contiguous chunks of rows, results joined in order."""
 
@@ -144,22 +134,13 @@ class GroupReward:
         self.group = group
 
     def __call__(self, batch: Batch) -> RewardResult:
-        from lmrl.rewards.result import RewardResult
+        from lmrl.rewards.result import merge_results
 
         chunks = batch.chunk(self.group.world_size)
         results = [
             r for r in self.group.call_each("score", [(c,) for c in chunks]) if r is not None
         ]
-        # a key one rank lacks (a function's extra that no sample of its chunk returned)
-        # is None on that rank's rows
-        keys = list(dict.fromkeys(k for r in results for k in r.extras))
-        extras = {k: np.concatenate([_extra_column(r, k) for r in results]) for k in keys}
-        metrics: dict[str, float] = {}
-        for r in results:
-            for k, v in r.metrics.items():
-                metrics[k] = metrics.get(k, 0.0) + float(v)
-        scores = torch.cat([r.token_level_scores for r in results])
-        return RewardResult(token_level_scores=scores, extras=extras, metrics=metrics)
+        return merge_results(results)
 
     def check_dataset(self, dataset) -> None:
         self.group.call_one(0, "check_dataset", dataset)
