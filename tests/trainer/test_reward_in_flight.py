@@ -206,6 +206,16 @@ def test_the_engine_reports_each_row_once_with_its_final_tokens(workspace):
         assert torch.equal(log_probs, out["rollout_log_probs"][rows, :t])
 
 
+def test_the_static_decode_reports_its_rows_per_micro_batch_with_the_same_scores(workspace):
+    static = (*STOPS, "rollout.hf.decode=static")
+    whole = run(workspace, "static-whole", *static)
+    sizes: list[int] = []
+    rows = run(workspace, "static-rows", *static, "reward.in_flight_rows=true",
+               reward=lambda batch: sizes.append(len(batch)))  # fmt: skip
+    assert sizes == [16, 16]  # one micro-batch a call: reported when it ends
+    assert_same_run(*whole, *rows)
+
+
 def test_rows_scored_as_they_stop_give_the_batch_scored_at_once(workspace):
     whole = run(workspace, "rows-whole", *STOPS)
     sizes: list[int] = []
