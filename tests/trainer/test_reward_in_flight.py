@@ -190,20 +190,27 @@ def test_the_engine_reports_each_row_once_with_its_final_tokens(workspace):
     parts = build_run(cfg)
     try:
         reports = []
-        parts.engine.row_done = lambda rows, *tensors: reports.append((rows.tolist(), tensors))
+        parts.engine.row_done = lambda rows, block: reports.append((rows.tolist(), block))
         prompts = parts.train_data.get_batch(list(range(8)))
+        prompts["uid"] = np.array([f"p{i}" for i in range(8)], dtype=object)  # as the step's
         out = parts.engine.generate(prompts, 2, parts.plan.sampling)
     finally:
         parts.engine.row_done = None
         parts.close()
-    assert sorted(r for rows, _ in reports for r in rows) == list(range(16))
+    assert_reported_once(reports, out)
+
+
+def assert_reported_once(reports, out):
+    """Each row of ``out`` reported once, as ``out`` holds it (up to the block's width)."""
+    assert sorted(r for rows, _ in reports for r in rows) == list(range(len(out)))
     assert len(reports) > 1  # some rows stopped before the others
-    for rows, (responses, mask, log_probs) in reports:
-        t = responses.shape[1]
-        assert torch.equal(responses, out["responses"][rows, :t])
-        assert torch.equal(mask, out["response_mask"][rows, :t])
+    for rows, block in reports:
+        t = block["responses"].shape[1]
+        for key in ("responses", "response_mask", "rollout_log_probs"):
+            assert torch.equal(block[key], out[key][rows, :t]), key
         assert not out["response_mask"][rows, t:].any()  # nothing after the report
-        assert torch.equal(log_probs, out["rollout_log_probs"][rows, :t])
+        assert torch.equal(block["prompts"], out["prompts"][rows])
+        assert list(block["uid"]) == [out["uid"][r] for r in rows]
 
 
 def test_the_static_decode_reports_its_rows_per_micro_batch_with_the_same_scores(workspace):
@@ -243,6 +250,50 @@ def test_rows_stream_through_a_bf16_copy_and_under_autocast(workspace, engine):
     finally:
         trainer.close()
     assert sum(sizes) == 16 and len(sizes) > 1
+
+
+def test_an_agent_row_is_reported_when_its_last_turn_ends_and_scores_the_same(
+    search_workspace, tmp_path
+):
+    from tests.trainer.test_agent_run import agent_args
+
+    def agent_run(name, *extra, reward=None):
+        cfg = load_config(None, agent_args(search_workspace, name, "trainer.total_training_steps=1",
+                                           "trainer.save_freq=-1", "data.val_files=null",
+                                           *extra))  # fmt: skip
+        cfg.trainer.default_local_dir = str(tmp_path / name)
+        parts = build_run(cfg)
+        if reward is not None:
+            parts = dataclasses.replace(parts, reward=Hooked(parts.reward, reward))
+        trainer = Trainer(parts, cfg.trainer)
+        try:
+            return trainer, trainer.fit()
+        finally:
+            trainer.close()
+
+    cfg = load_config(None, agent_args(search_workspace, "agent-engine"))
+    parts = build_run(cfg)
+    try:
+        reports = []
+        parts.engine.row_done = lambda rows, block: reports.append((rows.tolist(), block))
+        prompts = parts.train_data.get_batch(list(range(4)))
+        prompts["uid"] = np.array([f"p{i}" for i in range(4)], dtype=object)
+        out = parts.engine.generate(prompts, 2, parts.plan.sampling)
+    finally:
+        parts.engine.row_done = None
+        parts.close()
+    assert_reported_once(reports, out)
+    for rows, block in reports:  # what the reward decodes: the observations read, too
+        t, p = block["responses"].shape[1], out["prompts"].shape[1]
+        read = out["attention_mask"][rows, p : p + t]
+        assert torch.equal(block["attention_mask"][:, -t:], read)
+
+    sizes: list[int] = []
+    plain = agent_run("agent-plain")
+    rows = agent_run("agent-rows", "reward.in_flight_rows=true",
+                     reward=lambda batch: sizes.append(len(batch)))  # fmt: skip
+    assert sum(sizes) == 8 and len(sizes) > 1
+    assert_same_run(*plain, *rows)
 
 
 def test_a_row_is_scored_while_the_others_decode(workspace):

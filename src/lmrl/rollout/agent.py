@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -279,7 +279,15 @@ class AgentLoop(RolloutEngine):
             own session, whose tool calls run in the background while another group decodes
             (`lmrl.rollout.turns`); 1 = all rows decode together and wait for the turn's
             calls (``rollout.multi_turn.pipeline_groups``; docs/async.md has when more pays).
+
+    Attributes:
+        row_done: None, or called as ``row_done(rows, block)`` the moment rows' last turns end
+            (an answer, no call, the turn or token limit): ``rows`` (k,) their places among
+            the call's B*n rows, ``block`` those rows as `generate` returns them (see
+            `lmrl.rollout.hf.HFEngine.row_done`).
     """
+
+    row_done: Callable | None = None
 
     def __init__(
         self,
@@ -372,9 +380,9 @@ class AgentLoop(RolloutEngine):
                     if isinstance(self.format, ChatFormat):
                         chats = self.format.conversations(prompts, n, part)
                     session = self._session(prompts, n, sampling, prompt_offset, part)
-                    groups.append(
-                        Group(self, session, len(part), sampling.max_new_tokens, stops, chats)
-                    )
+                    group = Group(self, session, len(part), sampling.max_new_tokens, stops, chats)
+                    group.on_done = self._reporter(prompts, n, part, group, sampling)
+                    groups.append(group)
                 run_groups(groups, self._run_calls, self._in_flight.submit)
             finally:
                 for group in reversed(groups):  # a session restores the flags it found
@@ -386,6 +394,21 @@ class AgentLoop(RolloutEngine):
         self._rollouts += 1
         self._check_tools(usage)
         return self._assemble(prompts, n, rows, sampling.logprob_temperature)
+
+    def _reporter(self, prompts: Batch, n: int, part: torch.Tensor, group: Group, sampling):
+        """``group.on_done`` for `row_done`: the group's finished rows (its ``part`` of the
+        call's rows) made into a block, or None without a ``row_done``."""
+        hook = self.row_done
+        if hook is None:
+            return None
+
+        def done(idx: list[int]) -> None:
+            rows = part[idx]
+            block = self._assemble(prompts.index(rows // n), 1, [group.rows[i] for i in idx],
+                                   sampling.logprob_temperature)  # fmt: skip
+            hook(rows, block)
+
+        return done
 
     def _check_tools(self, usage: Mapping[str, Sequence[ToolResult]]) -> None:
         """Judge each tool once, in the first rollout that calls it ``MIN_CHECKED_CALLS``

@@ -69,12 +69,12 @@ class HFEngine(RolloutEngine):
         check_every: decode steps between host checks that every row has finished (static).
 
     Attributes:
-        row_done: None, or called as ``row_done(rows, responses, response_mask, log_probs)``
-            the moment rows of a `generate` call stop (EOS, a stop string, the length
-            limit): ``rows`` (k,) their places among the call's B*n rows, the others (k, t)
-            their tokens so far (the trainer scores them while the other rows decode:
-            ``reward.in_flight_rows``). Row by row in the dynamic decode; a micro-batch at a
-            time in the static and graphs decodes.
+        row_done: None, or called as ``row_done(rows, block)`` the moment rows of a
+            `generate` call stop (EOS, a stop string, the length limit): ``rows`` (k,) their
+            places among the call's B*n rows, ``block`` those rows as `generate` returns
+            them, as wide as their longest (the trainer scores them while the other rows
+            decode: ``reward.in_flight_rows``). Row by row in the dynamic decode; a
+            micro-batch at a time in the static and graphs decodes.
     """
 
     row_done: Callable | None = None
@@ -152,7 +152,7 @@ class HFEngine(RolloutEngine):
                     ids, m = input_ids[r].to(device), mask[r].to(device)
                     shared = (first.to(device), inverse.to(device))
                     draws = Draws(seed, keys[start : start + size])
-                    done = _shifted(self.row_done, start)
+                    done = self._reporter(prompts, n, sampling, start)
                     pieces.append(self._sample(ids, m, pos, sampling, draws, *shared, done))
         finally:
             for module, training in flags.items():
@@ -170,6 +170,21 @@ class HFEngine(RolloutEngine):
             log_probs.clone(),
             sampling.logprob_temperature,
         )
+
+    def _reporter(self, prompts: Batch, n: int, sampling: SamplingParams, start: int):
+        """`_sample`'s ``row_done`` for the micro-batch whose first row is the call's row
+        ``start``: its rows' tokens made into a block (`finish_rollout`) for `row_done`."""
+        hook = self.row_done
+        if hook is None:
+            return None
+
+        def done(rows: torch.Tensor, responses, response_mask, log_probs) -> None:
+            rows = rows + start
+            block = finish_rollout(prompts.index(rows // n), 1, responses, response_mask,
+                                   log_probs, sampling.logprob_temperature)  # fmt: skip
+            hook(rows, block)
+
+        return done
 
     def open_session(
         self,
@@ -237,7 +252,8 @@ class HFEngine(RolloutEngine):
             first, inverse: rows sharing a prompt: ``first`` (U,) one row of each distinct
                 prompt, ``inverse`` (R,) each row's distinct prompt; the prefill runs the U
                 rows only. None = every row is prefilled.
-            row_done: `HFEngine.row_done` for this micro-batch's rows.
+            row_done: called as ``row_done(rows, responses, response_mask, log_probs)``
+                with the micro-batch's rows (k,) that stopped and their tokens (k, t).
         Returns:
             ``responses`` (R, T) right-padded with the pad id, ``response_mask`` bool (R, T),
             ``log_probs`` (R, T) float32 0 outside the mask; T = steps run.
@@ -472,13 +488,6 @@ class HFSession:
 
 
 _REASONS = ("", "eos", "stop", "length")  # why a session row's turn ended, by code
-
-
-def _shifted(row_done: Callable | None, start: int) -> Callable | None:
-    """``row_done`` for a micro-batch whose first row is the call's row ``start``."""
-    if row_done is None:
-        return None
-    return lambda rows, *tensors: row_done(rows + start, *tensors)
 
 
 def _pad_right(x: torch.Tensor, width: int, value) -> torch.Tensor:

@@ -95,6 +95,9 @@ class Group:
         self.callers: list[int] = []  # the row of each call of the turn in flight
         self.calls: list[ToolCall | ToolResult] = []
         self.usage: dict[str, list[ToolResult]] = {}  # tool name -> its results, in order
+        # called with the rows (indices) whose last turn just ended, once each; None = not
+        self.on_done: Callable[[list[int]], None] | None = None
+        self._reported: set[int] = set()
 
     @property
     def finished(self) -> bool:
@@ -106,6 +109,7 @@ class Group:
         active = [i for i, row in enumerate(rows) if not row.done]
         self.calls, self.callers = [], []
         if self.finished:
+            self._report()
             return []
         asked = torch.zeros(len(rows), dtype=torch.bool)
         asked[active] = True
@@ -141,6 +145,7 @@ class Group:
             self.calls.append(call)
             self.callers.append(i)
         self.turn += 1
+        self._report()
         return self.calls
 
     def observe(self, results: Sequence[ToolResult]) -> None:
@@ -179,6 +184,18 @@ class Group:
                 observations[i] = ids
         self.calls, self.callers = [], []
         self.session.append(observations)
+        self._report()
+
+    def _report(self) -> None:
+        """Hand ``on_done`` the rows whose last turn has ended (every row once the group is
+        finished), each once."""
+        if self.on_done is None:
+            return
+        final = self.finished
+        new = [i for i, r in enumerate(self.rows) if (r.done or final) and i not in self._reported]
+        if new:
+            self._reported.update(new)
+            self.on_done(new)
 
 
 def run_groups(

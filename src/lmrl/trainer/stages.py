@@ -16,7 +16,6 @@ import torch
 
 from lmrl.batch import Batch
 from lmrl.rewards.result import RewardResult, merge_results, split_extras
-from lmrl.rollout.base import finish_rollout
 from lmrl.rollout.merge import concat_rollouts
 from lmrl.trainer.metrics import StageTimer
 from lmrl.trainer.validation import validation_metrics
@@ -222,14 +221,12 @@ def generate(
 
 def _generate_rows(engine, prompts: Batch, sampling, offset: int, n: int, scoring: Scoring):
     """One generation call whose rows are handed to ``scoring`` as they stop
-    (``reward.in_flight_rows``, through `HFEngine.row_done`); rows the engine did not report
-    (a decode that reports none) are handed over when the call returns."""
+    (``reward.in_flight_rows``, through the engine's ``row_done``); rows the engine did not
+    report are handed over when the call returns."""
     reported = np.zeros(len(prompts) * n, dtype=bool)
 
-    def row_done(rows: torch.Tensor, responses, response_mask, log_probs) -> None:
-        local = rows.numpy()
-        block = finish_rollout(prompts.index(rows // n), 1, responses, response_mask,
-                               log_probs, sampling.logprob_temperature)  # fmt: skip
+    def row_done(rows: torch.Tensor, block: Batch) -> None:
+        local = rows.cpu().numpy()
         scoring.submit(block, offset * n + local)
         reported[local] = True
 
