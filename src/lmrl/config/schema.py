@@ -396,8 +396,8 @@ class RewardConfig:
     )
     in_flight_rows: bool = opt(
         False,
-        "Score each sample the moment it stops, while the other rows decode (the hf engine; "
-        "other engines: per call). Per-sample managers only (naive, dapo).",
+        "Score each sample the moment it stops, while the other rows go on (the hf engine, "
+        "the agent loop; vLLM, Ray: per call). Per-sample managers only (naive, dapo).",
     )
     launch_async: bool = opt(
         False,
