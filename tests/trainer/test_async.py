@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.trainer.conftest import _tiny_overrides
 
 from lmrl.batch import Batch
 from lmrl.config import ConfigError, load_config
@@ -167,15 +168,15 @@ def workspace(tiny_workspace, tmp_path_factory) -> Path:
 
 
 def args(root: Path, run: str, *extra: str) -> list[str]:
-    return [
-        f"model.path={root / 'model'}", f"data.train_files={root / 'data' / 'train.parquet'}",
-        "data.max_prompt_length=64", "data.max_response_length=6", "data.train_batch_size=4",
-        "rollout.n=2", "actor.ppo_mini_batch_size=2", "actor.optim.lr=1e-2",
-        "algorithm.adv_estimator=grpo", "model.enable_gradient_checkpointing=false",
-        "trainer.device=cpu", "trainer.total_training_steps=4", "trainer.save_freq=-1",
-        "trainer.logger=[]", f"trainer.default_local_dir={root / run}", "reward.num_workers=0",
-        f"reward.custom_reward_function.path={root / 'reward.py'}", *extra,
-    ]  # fmt: skip
+    """The tiny run of ``tests/trainer/conftest.py`` with this file's reward, 4 steps."""
+    return _tiny_overrides(
+        root,
+        root / run,
+        "trainer.total_training_steps=4",
+        "trainer.save_freq=-1",
+        f"reward.custom_reward_function.path={root / 'reward.py'}",
+        *extra,
+    )
 
 
 def train(root: Path, run: str, *extra: str):

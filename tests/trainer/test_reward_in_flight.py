@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tests.trainer.conftest import _tiny_overrides
 
 from lmrl.config import ConfigError, load_config
 from lmrl.errors import RewardError
@@ -44,15 +45,16 @@ def workspace(tiny_workspace, tmp_path_factory):
 
 
 def args(root: Path, run: str, *extra: str) -> list[str]:
-    return [
-        f"model.path={root / 'model'}", f"data.train_files={root / 'data' / 'train.parquet'}",
-        "data.max_prompt_length=64", "data.max_response_length=6", "data.train_batch_size=8",
-        "rollout.n=2", "actor.ppo_mini_batch_size=4", "actor.optim.lr=1e-2",
-        "algorithm.adv_estimator=grpo", "model.enable_gradient_checkpointing=false",
-        "trainer.device=cpu", "trainer.total_training_steps=2", "trainer.save_freq=-1",
-        "trainer.logger=[]", f"trainer.default_local_dir={root / run}", "reward.num_workers=0",
-        f"reward.custom_reward_function.path={root / 'reward.py'}", *extra,
-    ]  # fmt: skip
+    """The tiny run of ``tests/trainer/conftest.py`` with this file's reward, 8 prompts."""
+    return _tiny_overrides(
+        root,
+        root / run,
+        "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=4",
+        "trainer.save_freq=-1",
+        f"reward.custom_reward_function.path={root / 'reward.py'}",
+        *extra,
+    )
 
 
 class Hooked:

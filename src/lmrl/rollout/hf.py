@@ -278,6 +278,7 @@ class HFEngine(RolloutEngine):
         response_mask = torch.zeros(rows, max_new, dtype=torch.bool, device=device)
         log_probs = torch.zeros(rows, max_new, dtype=torch.float32, device=device)
         finished = torch.zeros(rows, dtype=torch.bool, device=device)
+        left = rows  # rows not reported to row_done yet
         eos = torch.tensor([] if sampling.ignore_eos else self.eos_ids, dtype=torch.long)
         eos = eos.to(device)
         stop_width = max((len(s) for s in sampling.stop), default=0) + 1
@@ -302,12 +303,14 @@ class HFEngine(RolloutEngine):
                 )
             steps = t + 1
             if row_done is not None:  # the rows that stopped now, or all left at the limit
-                stopped = alive if t + 1 == max_new else finished & alive
-                idx = stopped.nonzero().flatten()
+                idx = (alive if steps == max_new else finished & alive).nonzero().flatten()
                 if len(idx):
                     row_done(idx.cpu(), responses[idx, :steps], response_mask[idx, :steps],
                              log_probs[idx, :steps])  # fmt: skip
-            if t + 1 == max_new or bool(finished.all()):
+                left -= len(idx)  # the step's one host sync is the nonzero's, not a second
+                if left == 0:
+                    break
+            elif steps == max_new or bool(finished.all()):
                 break
             logits = self._forward(
                 token[:, None],
