@@ -11,8 +11,9 @@
 #     importlib_metadata==9.1.0 pyvers==0.2.3
 # (.whl is git-ignored through .git/info/exclude). Each step has its own timeout; together
 # they fit in about 9 minutes on an H100/H200, most important first. Results go to $OUT.
-# `bash benchmarks/gpu_checks.sh flow` runs issue 35's instead (about 7 minutes): lmrl
-# train-flow on a random pipeline of SD3.5 Medium's shape, the marked test and the benchmark.
+# `bash benchmarks/gpu_checks.sh flow` runs issue 35's benchmark instead (about 5 minutes):
+# lmrl train-flow on a random pipeline of SD3.5 Medium's shape, Fast against full;
+# `... step15` the 1.5B shape of gpu_step (about 3 minutes).
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
@@ -23,38 +24,44 @@ export PYTHONPATH=/tmp/site:$PWD/src HF_HUB_OFFLINE=1 HF_HOME=/tmp/hf PYTHONUNBU
 T0=$(date +%s)
 mark() { echo "== $1 at $(( $(date +%s) - T0 )) s"; }
 
+CAP=${2:-270}  # seconds for the flow or step15 run
 if [ "${1:-}" = flow ]; then
-    mark "SD3.5-M-shaped train-flow test (issue 35)"
-    timeout 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu --timeout=290 \
-        tests/flow/test_sd3.py -k sd35 > "$OUT/flow_gpu_test.log" 2>&1
-    tail -8 "$OUT/flow_gpu_test.log"
     mark "flow_sd3 --train-flow: images/s, peak memory, Fast against full (issue 35)"
-    timeout 270 python3 benchmarks/flow_sd3.py --train-flow --images 16 --repeat 1 \
+    timeout "$CAP" python3 benchmarks/flow_sd3.py --train-flow --images 16 --repeat 1 \
         > "$OUT/flow_sd3_train_flow.log" 2>&1
     tail -20 "$OUT/flow_sd3_train_flow.log"
     mark done
     exit 0
 fi
+if [ "${1:-}" = step15 ]; then
+    mark "gpu_step 1.5B, lmrl (graphs decode) then TRL (issue 33)"
+    timeout "$CAP" python3 benchmarks/gpu_step.py --shapes 1.5b --sides lmrl,trl --warmup 1 \
+        --steps 1 --budget $((CAP - 10)) --child-timeout $((CAP / 2)) \
+        --out "$OUT/gpu_step_15.json" --work /tmp/gs --lmrl-args rollout.hf.decode=graphs \
+        > "$OUT/gpu_step_15.log" 2>&1
+    tail -16 "$OUT/gpu_step_15.log"
+    mark done
+    exit 0
+fi
 
-mark "gpu tests (issues 32, 33, 35)"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu --timeout=140 \
-    tests/trainer/test_memory_probe.py tests/trainer/test_gpu.py tests/rollout/test_static_decode.py \
-    tests/flow -k "not sd35" > "$OUT/gpu_tests.log" 2>&1
-tail -8 "$OUT/gpu_tests.log"
+mark "static decode gpu tests (issue 33: graphs per width bucket, folded GQA attention)"
+timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu --timeout=55 \
+    tests/rollout/test_static_decode.py > "$OUT/gpu_tests.log" 2>&1
+tail -4 "$OUT/gpu_tests.log"
 
-mark "precision_step (issue 32: fp32 against bf16 over fp32 masters, s/step and peak memory)"
-timeout 120 python3 benchmarks/precision_step.py --device cuda --reps 2 \
-    > "$OUT/precision_step.log" 2>&1
-tail -8 "$OUT/precision_step.log"
+mark "gpu_decode: the hf engine's decode paths at the Qwen2.5-0.5B shape (issue 33)"
+timeout 110 python3 benchmarks/gpu_decode.py --out "$OUT/gpu_decode.json" \
+    > "$OUT/gpu_decode.log" 2>&1
+tail -12 "$OUT/gpu_decode.log"
 
-mark "plan_check without gradient checkpointing too (issue 32)"
-timeout 120 python3 benchmarks/plan_check.py --no-checkpointing-too \
-    --out "$OUT/plan_check.json" > "$OUT/plan_check.log" 2>&1
-tail -16 "$OUT/plan_check.log"
-
-mark "gpu_step 0.5B, lmrl then TRL (issue 33)"
+mark "gpu_step 0.5B, lmrl (graphs decode) then TRL (issue 33)"
 timeout 170 python3 benchmarks/gpu_step.py --shapes 0.5b --sides lmrl,trl --warmup 1 \
     --steps 2 --budget 160 --child-timeout 150 --out "$OUT/gpu_step.json" --work /tmp/gs \
-    > "$OUT/gpu_step.log" 2>&1
-tail -14 "$OUT/gpu_step.log"
+    --lmrl-args rollout.hf.decode=graphs > "$OUT/gpu_step.log" 2>&1
+tail -16 "$OUT/gpu_step.log"
+
+mark "SD3.5-M-shaped train-flow test (issue 35)"
+timeout 200 python3 -m pytest -q -s -p no:cacheprovider -m gpu --timeout=195 \
+    tests/flow/test_sd3.py -k sd35 > "$OUT/flow_gpu_test.log" 2>&1
+tail -8 "$OUT/flow_gpu_test.log"
 mark done

@@ -9,6 +9,11 @@ tokens x 8 samples = 256 rows decode exactly 512 new tokens each (``ignore_eos``
 temperature 1, one seed, so every path does the same work and, being counter-based, draws
 the same uniforms. Each path runs once short (a warm-up) and once timed.
 
+Two more paths take the graphs apart (``--modes``): ``graphs-nofold`` attends through the
+model's own sdpa (``repeat_kv`` copies the cache to every query head) and ``graphs-full``
+also reads the full-width cache every step: together, session 16's graph path. A last line
+times the sampler alone (``pick`` on (rows, vocabulary) float32 logits) per step.
+
 Printed and written to ``--out`` (JSON): seconds and generated tokens/s per path, whether its
 tokens equal the ``graphs`` path's (and the fraction of rows that do: in bf16 the static
 attention sums over a wider, masked cache than the growing one, so rounding may part a row's
@@ -36,6 +41,8 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from lmrl.batch import Batch
 from lmrl.rollout import HFEngine, SamplingParams
+from lmrl.rollout import static as static_mod
+from lmrl.rollout.sampling import Draws, pick
 
 QWEN05 = dict(
     hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -47,6 +54,31 @@ TINY = dict(
     intermediate_size=128, vocab_size=1000, tie_word_embeddings=True, max_position_embeddings=512,
 )  # fmt: skip
 BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12}  # bytes/s of HBM
+# a path: (rollout.hf.decode, fold the GQA heads, width bucket; None = the full width)
+PATHS = {
+    "dynamic": ("dynamic", True, static_mod.BUCKET),
+    "static": ("static", True, static_mod.BUCKET),
+    "graphs": ("graphs", True, static_mod.BUCKET),
+    "graphs-nofold": ("graphs", False, static_mod.BUCKET),
+    "graphs-full": ("graphs", False, None),
+}
+
+
+def pick_ms(rows: int, vocab: int, device: torch.device, reps: int = 20) -> float:
+    """Milliseconds of one sampler step (`pick` at temperature 1) on (rows, vocab) logits."""
+    logits = torch.randn(rows, vocab, device=device)
+    draws = Draws(1, torch.arange(rows, device=device))
+    sampling = SamplingParams(max_new_tokens=1, seed=1)
+    step = torch.zeros(1, dtype=torch.long, device=device)
+    pick(logits, sampling, draws, step)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(reps):
+        pick(logits, sampling, draws, step)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / reps * 1e3
 
 
 def build(shape: dict, device: str, dtype: torch.dtype):
@@ -78,7 +110,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=None)
     parser.add_argument("--new", type=int, default=None, help="new tokens per row")
-    parser.add_argument("--modes", default="dynamic,static,graphs")
+    parser.add_argument("--modes", default="dynamic,static,graphs,graphs-nofold,graphs-full")
     parser.add_argument("--out", default=None, help="write the results here (JSON)")
     args = parser.parse_args()
     tiny = args.tiny
@@ -95,11 +127,16 @@ def main() -> None:
     name = torch.cuda.get_device_name(device) if cuda else platform.processor() or "cpu"
     bandwidth = next((b for k, b in BANDWIDTH.items() if k in name), None)
     rows = prompts * args.n
-    modes = [m for m in args.modes.split(",") if cuda or m != "graphs"]
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(PATHS):
+        parser.error(f"unknown --modes {sorted(unknown)}; choose from {list(PATHS)}")
+    modes = [m for m in modes if cuda or not m.startswith("graphs")]
 
     results, tokens = {}, {}
     for mode in modes:
-        engine = HFEngine(model, None, eos_token_ids=[0], pad_token_id=0, decode=mode)
+        decode, static_mod.FOLD_GQA, bucket = PATHS[mode]
+        static_mod.BUCKET = bucket or 1 << 30
+        engine = HFEngine(model, None, eos_token_ids=[0], pad_token_id=0, decode=decode)
         for steps in (min(new, 8), new):  # a warm-up, then the timed run
             sampling = SamplingParams(max_new_tokens=steps, seed=1, ignore_eos=True)
             if cuda:
@@ -121,6 +158,7 @@ def main() -> None:
             results[mode]["roofline_frac"] = roofline_s(model, rows, prompt_len, new, bandwidth)
             results[mode]["roofline_frac"] /= seconds
         print(f"{mode}: {seconds:.2f} s", flush=True)
+    sampler = pick_ms(rows, model.config.vocab_size, device)
     ref = "graphs" if "graphs" in tokens else modes[-1]
     for mode in modes:
         same = (tokens[mode] == tokens[ref]).all(dim=1)
@@ -128,14 +166,18 @@ def main() -> None:
         results[mode]["rows_equal_frac"] = float(same.float().mean())
 
     print(f"\n{name}: {prompts} prompts x {args.n} samples, prompt {prompt_len}, {new} new tokens")
-    print(f"{'path':<8} {'s':>7} {'tok/s':>9} {'roofline':>9} {'peak GB':>8} {'= ' + ref:>9}")
+    print(
+        f"{'path':<14} {'s':>7} {'ms/step':>8} {'tok/s':>9} {'roofline':>9} {'peak GB':>8} "
+        f"{'= ' + ref:>9}"
+    )
     for mode, r in results.items():
         frac = f"{r['roofline_frac']:.1%}" if "roofline_frac" in r else "-"
         peak = f"{r['peak_memory_gb']:.1f}" if r["peak_memory_gb"] is not None else "-"
         print(
-            f"{mode:<8} {r['seconds']:>7.2f} {r['tokens_per_s']:>9.0f} {frac:>9} {peak:>8} "
-            f"{r['rows_equal_frac']:>9.1%}"
+            f"{mode:<14} {r['seconds']:>7.2f} {r['seconds'] / new * 1e3:>8.2f} "
+            f"{r['tokens_per_s']:>9.0f} {frac:>9} {peak:>8} {r['rows_equal_frac']:>9.1%}"
         )
+    print(f"the sampler alone: {sampler:.2f} ms a step")
     if "dynamic" in results and len(results) > 1:
         best = min(results, key=lambda m: results[m]["seconds"])
         speedup = results["dynamic"]["seconds"] / results[best]["seconds"]
@@ -146,6 +188,7 @@ def main() -> None:
             "transformers": transformers.__version__, "prompts": prompts, "n": args.n,
             "prompt_len": prompt_len, "new_tokens": new, "dtype": str(dtype),
             "model": "tiny" if tiny else "qwen2.5-0.5b-shaped", "results": results,
+            "sampler_ms_per_step": sampler, "bucket": PATHS["graphs"][2],
         }  # fmt: skip
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

@@ -141,8 +141,7 @@ def test_graph_loop_replays_each_step_once(
     fake capture runs its warm-up step eagerly and returns a graph whose replay is a step."""
     graphs = []
 
-    def capture(self):
-        self._advance()  # the real capture's warm-up step; the captured one does not run
+    def capture(self):  # the captured step does not run
         graphs.append(_FakeGraph(self))
         return graphs[-1]
 
@@ -270,6 +269,23 @@ def test_cuda_graphs_equal_eager(model, tokenizer, encode, logit_bias, monkeypat
 
 @gpu
 @needs_cuda
+def test_cuda_graphs_of_several_widths_share_a_pool(model, tokenizer, encode, monkeypatch):
+    """A graph per width bucket (8 columns), captured into one memory pool and replayed in
+    turn, gives the eager static path's tokens and the dynamic loop's."""
+    monkeypatch.setattr(static_mod, "BUCKET", 8)
+    model = model.to("cuda")
+    seen = _captured(monkeypatch)
+    sampling = SamplingParams(max_new_tokens=40, seed=5, ignore_eos=True)
+    sta, gra, dyn = _both(
+        model, tokenizer, encode(TEXTS), 4, sampling, modes=("static", "graphs", "dynamic")
+    )
+    _same(sta, gra, atol=1e-6)
+    _same(dyn, gra, atol=1e-4)
+    assert len(seen) >= 5 and all(seen)  # one capture per width, none fell back
+
+
+@gpu
+@needs_cuda
 def test_cuda_graphs_with_stop_strings(model, tokenizer, encode, logit_bias, monkeypatch):
     model = model.to("cuda")
     seen = _captured(monkeypatch)
@@ -325,3 +341,73 @@ def test_a_static_layer_stores_in_its_buffers_dtype():
     out_k, out_v = layer.update(k, v, 0)
     assert out_k.dtype == out_v.dtype == torch.float32
     assert torch.equal(out_v[:, :, 1], torch.full((2, 1, 3), 0.5)) and out_v[:, :, 0].eq(0).all()
+
+
+@pytest.mark.parametrize("length", [1, 3])
+def test_decode_attention_equals_repeat_kv_attention(length):
+    """The folded grouped-query attention gives transformers' sdpa over keys and values copied
+    to every query head (``repeat_kv``), with an additive mask of masked columns."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    from lmrl.rollout.static import decode_attention
+
+    gen = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, width, dim = 3, 6, 2, 11, 8
+    query = torch.randn(rows, heads, length, dim, generator=gen)
+    key, value = (torch.randn(rows, kv_heads, width, dim, generator=gen) for _ in range(2))
+    allowed = torch.rand(rows, 1, length, width, generator=gen) > 0.3
+    allowed[..., -1] = True
+    mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        query, repeat_kv(key, 3), repeat_kv(value, 3), attn_mask=mask, scale=0.3
+    ).transpose(1, 2)
+    got, weights = decode_attention(None, query, key, value, mask, scaling=0.3, dropout=0.0)
+    assert weights is None and got.shape == (rows, length, heads, dim)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+def test_decode_steps_attend_folded_over_growing_widths(
+    model, tokenizer, encode, logit_bias, monkeypatch
+):
+    """Every decode step runs `decode_attention` (never the prefill) over the cache's first
+    columns rounded up to `BUCKET`, one graph per width (fake graphs on the CPU), the tokens
+    and log-probs are today's loop's, and the model's attention setting is restored."""
+    monkeypatch.setattr(static_mod, "BUCKET", 8)
+    widths = []
+    fold = static_mod.decode_attention
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        assert attention_mask.shape[-1] == key.shape[2] == value.shape[2]
+        widths.append(key.shape[2])
+        return fold(module, query, key, value, attention_mask, **kwargs)
+
+    monkeypatch.setattr(static_mod, "decode_attention", spy)
+    static_mod._registered.cache_clear()  # register the spy under the same name
+    graphs = {}
+
+    def capture(self):
+        graphs[self.width] = _FakeGraph(self)
+        return graphs[self.width]
+
+    monkeypatch.setattr(static_mod.StaticDecode, "_capture", capture)
+    monkeypatch.setattr(static_mod, "resolve_decode", lambda mode, device: mode)
+    bias = torch.zeros(model.config.vocab_size)
+    bias[EOS] = -1e4
+    sampling = SamplingParams(max_new_tokens=20, seed=4)
+    prompts = encode(TEXTS)
+    try:
+        with logit_bias(model, bias):
+            dyn, sta, gra = _both(
+                model, tokenizer, prompts, 2, sampling, modes=("dynamic", "static", "graphs")
+            )
+    finally:
+        static_mod._registered.cache_clear()
+    _same(dyn, sta)
+    _same(dyn, gra)
+    assert model.config._attn_implementation == "sdpa"
+    layers, prompt_len = model.config.num_hidden_layers, prompts["input_ids"].shape[1]
+    full = -(-(prompt_len + 19) // 8) * 8
+    expected = [min(full, -(-(prompt_len + t) // 8) * 8) for t in range(1, 20)]
+    assert widths == [w for w in expected for _ in range(layers)] * 2  # static, then graphs
+    assert len(set(expected)) > 2 and sorted(graphs) == sorted(set(expected[1:]))
+    assert sum(g.replays for g in graphs.values()) == 18  # steps 2..19; step 1 warms up

@@ -16,6 +16,14 @@ captured once with ``torch.cuda.CUDAGraph`` and replayed: one graph launch per t
   mask as it is, so no mask is built inside the step. Positions, the column and the step
   counter of the draws (`Draws`, a hash of seed, row and step) are device tensors that the
   step advances in place.
+- A step attends to the cache's first columns only, rounded up to a bucket of `BUCKET`
+  columns (the keys, values and mask are views of that width), and one graph is captured per
+  bucket: the cache read grows with the rows' length instead of being the full P + T - 1
+  every step.
+- Attention of the one fed token folds the query heads that share a key/value head into the
+  query length, (R, H_kv, H / H_kv, D) against the (R, H_kv, W, D) cache (`decode_attention`,
+  registered with ``transformers`` and switched on for the steps only), so grouped-query
+  models read their cache once instead of copying it to every query head (``repeat_kv``).
 - The host looks at ``finished`` only every ``check_every`` steps (each step when stop
   strings are set: their check decodes text on the host anyway); steps run past the last
   finish write pad / mask False / log-prob 0, exactly the padding today's loop returns, and
@@ -30,6 +38,7 @@ keep today's loop.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 
@@ -41,6 +50,9 @@ from lmrl.rollout.sampling import pick, stop_hits
 log = logging.getLogger(__name__)
 
 DECODE_MODES = ("auto", "graphs", "static", "dynamic")
+BUCKET = 128  # a decode step attends to the cache's first columns rounded up to this many
+FOLD_GQA = True  # decode steps use `decode_attention` (off: the model's own, for benchmarks)
+ATTENTION = "lmrl_decode"  # its name in transformers' AttentionInterface
 _WARNED: set[str] = set()
 
 
@@ -81,6 +93,52 @@ def static_supported(model) -> str | None:
     return None
 
 
+def decode_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    """Attention of one query token per row against the static cache, as ``transformers``
+    calls an attention function: ``query`` (R, H, 1, D), ``key``/``value`` (R, H_kv, W, D),
+    ``attention_mask`` (R, 1, 1, W) additive or None. The G = H / H_kv query heads of a
+    key/value head (adjacent, as ``repeat_kv`` orders them) become G query positions of that
+    head, so the cache is read once and never copied. Returns ((R, 1, H, D), None).
+    A feed of several tokens (never a decode step) takes sdpa's own grouped path."""
+    rows, heads, length, dim = query.shape
+    kv_heads = key.shape[1]
+    if length != 1 or heads == kv_heads:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, scale=scaling,
+            enable_gqa=heads != kv_heads,
+        )  # fmt: skip
+        return out.transpose(1, 2).contiguous(), None
+    folded = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        folded, key, value, attn_mask=attention_mask, scale=scaling
+    )  # (R, H_kv, G, D): every query head of a group at the same cache columns and mask
+    return out.reshape(rows, 1, heads, dim), None
+
+
+@functools.cache
+def _registered() -> str:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, decode_attention)
+    return ATTENTION
+
+
+@contextlib.contextmanager
+def decode_attention_on(model):
+    """Within: ``model``'s attention layers call `decode_attention` (its config's
+    ``_attn_implementation``, restored on exit). A model without a config is left alone."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    if config is None or not FOLD_GQA:
+        yield
+        return
+    before = config._attn_implementation
+    config._attn_implementation = _registered()
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
 def _dynamic_layer():
     from transformers.cache_utils import DynamicLayer
 
@@ -93,11 +151,13 @@ def _static_layer_class():
 
     class _StaticLayer(_dynamic_layer()):
         """One layer's preallocated keys and values (R, H, L, D); `update` writes the step's
-        columns at ``col`` (a (W,) device tensor) in place and returns the whole buffers."""
+        columns at ``col`` (a (W,) device tensor) in place and returns the buffers' first
+        ``width`` columns (views; all of them when ``width`` is None)."""
 
         def __init__(self, keys: torch.Tensor, values: torch.Tensor, col: torch.Tensor) -> None:
             super().__init__()
             self.keys, self.values, self.col = keys, values, col
+            self.width: int | None = None
             self.is_initialized = True
             self.device = keys.device
 
@@ -106,7 +166,9 @@ def _static_layer_class():
             # transformers releases keep values in the (fp32, after rotary) keys' dtype
             self.keys.index_copy_(2, self.col, key_states.to(self.keys.dtype))
             self.values.index_copy_(2, self.col, value_states.to(self.values.dtype))
-            return self.keys, self.values
+            if self.width is None:
+                return self.keys, self.values
+            return self.keys[:, :, : self.width], self.values[:, :, : self.width]
 
     return _StaticLayer
 
@@ -141,6 +203,7 @@ class StaticDecode:
 
         self.engine, self.sampling, self.draws = engine, sampling, draws
         self.graphs, self.check_every = graphs, max(1, check_every)
+        self._pool = None  # the graphs' memory pool, made at the first capture
         rows, prompt_len = input_ids.shape
         device = input_ids.device
         max_new = sampling.max_new_tokens
@@ -158,6 +221,7 @@ class StaticDecode:
             raise NotImplementedError("the model's cache is not plain DynamicLayers")
         length = prompt_len + max(max_new - 1, 0)  # the last token is never fed
         length = -(-length // 8) * 8  # a multiple of 8: sdpa's fused kernels want aligned masks
+        self.prompt_len, self.length, self.width = prompt_len, length, length
         self.col = torch.full((1,), prompt_len, dtype=torch.long, device=device)
         for i, layer in enumerate(cache.layers):
             k, v = layer.keys, layer.values  # (U, H, P, D)
@@ -200,26 +264,46 @@ class StaticDecode:
         self.fed.copy_(token[:, None])
         self.step += 1
 
+    def _set_width(self, t: int) -> None:
+        """Step ``t`` feeds column P + t - 1: attend to the first P + t columns, rounded up to
+        a `BUCKET` (and at most the buffers' width)."""
+        width = min(self.length, -(-(self.prompt_len + t) // BUCKET) * BUCKET)
+        if width != self.width:
+            self.width = width
+            for layer in self.cache.layers:
+                layer.width = width
+
     def _advance(self) -> None:
         """Feed the last picked tokens (column ``col``, positions ``pos``), then pick the next."""
         self.mask4d.index_fill_(3, self.col, 0.0)
-        self.logits.copy_(self.engine._forward(self.fed, self.mask4d, self.pos, self.cache))
+        mask = self.mask4d[:, :, :, : self.width]
+        self.logits.copy_(self.engine._forward(self.fed, mask, self.pos, self.cache))
         self.col += 1
         self.pos += 1
         self._record()
 
-    def _capture(self) -> torch.cuda.CUDAGraph | None:
-        """Run one step eagerly on a side stream (the warm-up, a real step), then capture the
-        next one without running it. None (and a warning once) if capture fails."""
+    def _warm_up(self) -> None:
+        """One real step, eagerly, on a side stream (CUDA's lazy set-ups happen outside any
+        capture)."""
+        if self.step.device.type != "cuda":
+            self._advance()
+            return
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             self._advance()
         torch.cuda.current_stream().wait_stream(stream)
+
+    def _capture(self) -> torch.cuda.CUDAGraph | None:
+        """Capture the next step at the current width without running it (the graphs of all
+        widths share one memory pool: they never run at once). None (and a warning once) if
+        capture fails."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:
             # thread-local: another thread's CUDA call (a loader, a logger) cannot void it
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 self._advance()
         except Exception as err:  # any capture failure falls back to eager
             warn_once(f"hf engine: CUDA graph capture failed ({err!r}); decoding eagerly")
@@ -233,7 +317,6 @@ class StaticDecode:
         stop = self.sampling.stop
         tokenizer = self.engine.tokenizer
         stop_width = max((len(s) for s in stop), default=0) + 1
-        graph = None
 
         def after(t: int) -> bool:  # host work after step t; True = every row finished
             if stop:
@@ -248,18 +331,25 @@ class StaticDecode:
         self._record()  # step 0 from the prefill's logits
         done, t = 1, 1
         ended = after(0)
-        while not ended and t < self.max_new:
-            if graph is not None:
-                graph.replay()
-            elif self.graphs and t == 1 and self.max_new >= 4:
-                graph = self._capture()  # runs step 1 eagerly and captures step 2 unrun
-                if graph is None:
-                    self.graphs = False
-            else:
-                self._advance()
-            done = t + 1
-            ended = after(t)
-            t += 1
+        graphs: dict[int, torch.cuda.CUDAGraph] = {}  # one per width
+        use_graphs = self.graphs and self.max_new >= 4
+        with decode_attention_on(self.engine.model):
+            while not ended and t < self.max_new:
+                self._set_width(t)
+                graph = graphs.get(self.width) if use_graphs and t > 1 else None
+                if use_graphs and t > 1 and graph is None:
+                    graph = graphs[self.width] = self._capture()  # captured, not run
+                    if graph is None:
+                        use_graphs = self.graphs = False
+                if graph is not None:
+                    graph.replay()
+                elif use_graphs:  # t == 1
+                    self._warm_up()
+                else:
+                    self._advance()
+                done = t + 1
+                ended = after(t)
+                t += 1
         steps = int(self.response_mask[:, :done].sum(dim=1).max()) if self.rows else 0
         return (
             self.responses[:, :steps],
