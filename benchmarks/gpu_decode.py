@@ -41,6 +41,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from lmrl.batch import Batch
 from lmrl.rollout import HFEngine, SamplingParams
+from lmrl.rollout import sampling as sampling_mod
 from lmrl.rollout import static as static_mod
 from lmrl.rollout.sampling import Draws, pick
 
@@ -64,8 +65,27 @@ PATHS = {
 }
 
 
-def pick_ms(rows: int, vocab: int, device: torch.device, reps: int = 20) -> float:
-    """Milliseconds of one sampler step (`pick` at temperature 1) on (rows, vocab) logits."""
+def full_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The draw before the two-level search: searchsorted over the whole (R, V) float64
+    cumulative sum (for the sampler's before and after)."""
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = torch.minimum(u.to(cdf.device) * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(1)
+
+
+def pick_ms(rows: int, vocab: int, device: torch.device, reps: int = 20, draw=None) -> float:
+    """Milliseconds of one sampler step (`pick` at temperature 1) on (rows, vocab) logits;
+    ``draw`` replaces the sampler's categorical draw."""
+    saved = sampling_mod._draw
+    sampling_mod._draw = draw or saved
+    try:
+        return _pick_ms(rows, vocab, device, reps)
+    finally:
+        sampling_mod._draw = saved
+
+
+def _pick_ms(rows: int, vocab: int, device: torch.device, reps: int) -> float:
     logits = torch.randn(rows, vocab, device=device)
     draws = Draws(1, torch.arange(rows, device=device))
     sampling = SamplingParams(max_new_tokens=1, seed=1)
@@ -102,6 +122,28 @@ def roofline_s(model, rows: int, prompt: int, new: int, bandwidth: float) -> flo
     return total / bandwidth
 
 
+def profile(model, batch, n: int, device: torch.device, steps: int) -> None:
+    """Print the kernels of an eager static decode of ``steps`` tokens (prefill included) by
+    their own device time (operators and their kernels both listed): what a graph replays."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    static_mod.FOLD_GQA, static_mod.BUCKET = True, PATHS["graphs"][2]
+    engine = HFEngine(model, None, eos_token_ids=[0], pad_token_id=0, decode="static")
+    sampling = SamplingParams(max_new_tokens=steps, seed=1, ignore_eos=True)
+    engine.generate(batch, n=n, sampling=sampling)
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    with torch_profile(activities=activities) as prof:
+        engine.generate(batch, n=n, sampling=sampling)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=22, max_name_column_width=60))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -112,6 +154,10 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=None, help="new tokens per row")
     parser.add_argument("--modes", default="dynamic,static,graphs,graphs-nofold,graphs-full")
     parser.add_argument("--out", default=None, help="write the results here (JSON)")
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="STEPS",
+        help="then profile an eager static decode of STEPS tokens: GPU time per kernel",
+    )  # fmt: skip
     args = parser.parse_args()
     tiny = args.tiny
     prompts = args.prompts or (4 if tiny else 32)
@@ -159,6 +205,7 @@ def main() -> None:
             results[mode]["roofline_frac"] /= seconds
         print(f"{mode}: {seconds:.2f} s", flush=True)
     sampler = pick_ms(rows, model.config.vocab_size, device)
+    sampler_full = pick_ms(rows, model.config.vocab_size, device, draw=full_draw)
     ref = "graphs" if "graphs" in tokens else modes[-1]
     for mode in modes:
         same = (tokens[mode] == tokens[ref]).all(dim=1)
@@ -177,7 +224,9 @@ def main() -> None:
             f"{mode:<14} {r['seconds']:>7.2f} {r['seconds'] / new * 1e3:>8.2f} "
             f"{r['tokens_per_s']:>9.0f} {frac:>9} {peak:>8} {r['rows_equal_frac']:>9.1%}"
         )
-    print(f"the sampler alone: {sampler:.2f} ms a step")
+    print(f"the sampler alone: {sampler:.2f} ms a step ({sampler_full:.2f} with the full cdf)")
+    if args.profile:
+        profile(model, batch, args.n, device, args.profile)
     if "dynamic" in results and len(results) > 1:
         best = min(results, key=lambda m: results[m]["seconds"])
         speedup = results["dynamic"]["seconds"] / results[best]["seconds"]
@@ -188,7 +237,8 @@ def main() -> None:
             "transformers": transformers.__version__, "prompts": prompts, "n": args.n,
             "prompt_len": prompt_len, "new_tokens": new, "dtype": str(dtype),
             "model": "tiny" if tiny else "qwen2.5-0.5b-shaped", "results": results,
-            "sampler_ms_per_step": sampler, "bucket": PATHS["graphs"][2],
+            "sampler_ms_per_step": sampler, "sampler_full_cdf_ms_per_step": sampler_full,
+            "bucket": PATHS["graphs"][2],
         }  # fmt: skip
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

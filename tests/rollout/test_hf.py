@@ -304,6 +304,28 @@ def test_draw_samples_the_distribution_and_never_a_zero():
     assert _draw(probs, edge).tolist() == [1, 5]
 
 
+@pytest.mark.parametrize("block", [4, 7, 1024])
+def test_the_two_level_draw_is_the_full_inversion(monkeypatch, block):
+    """Blocks of 4 or 7 (a short last block) over 30 tokens, some blocks all zeros: the block,
+    then the token inside it, are the token the full float64 cumulative sum gives."""
+    from lmrl.rollout import sampling
+
+    monkeypatch.setattr(sampling, "DRAW_BLOCK", block)
+    gen = torch.Generator().manual_seed(3)
+    probs = torch.rand(20_000, 30, generator=gen) * (torch.rand(20_000, 30, generator=gen) > 0.5)
+    probs[:, 4:12] = 0.0  # whole blocks of nothing
+    probs[:, 0] += 1e-3  # every row has mass
+    u = Draws(9, torch.arange(len(probs))).uniform(0)
+    cdf = probs.double().cumsum(dim=-1)
+    want = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
+    got = _draw(probs, u)
+    assert torch.equal(got, want)
+    assert (probs.gather(1, got[:, None]) > 0).all()
+    edge = torch.tensor([[0.0], [1.0 - 2.0**-53]], dtype=torch.float64)
+    last = torch.tensor([[0.0] * 29 + [1.0], [1.0] + [0.0] * 29])
+    assert _draw(last, edge).tolist() == [29, 0]
+
+
 def test_counter_based_uniforms_are_uniform_and_independent():
     """100k draws over rows and steps: moments and a 20-bin chi-square of a uniform, and no
     correlation between neighbouring rows or steps (what a weak hash would leave)."""

@@ -163,7 +163,8 @@ def test_graph_loop_replays_each_step_once(
 
 def test_modes_and_fallbacks(model, caplog):
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert resolve_decode("auto", cpu) == resolve_decode("auto", cuda) == "dynamic"
+    assert resolve_decode("auto", cpu) == "dynamic"
+    assert resolve_decode("auto", cuda) == "graphs"  # measured: docs/performance.md
     assert resolve_decode("static", cpu) == "static"
     with caplog.at_level(logging.WARNING, logger="lmrl.rollout.static"):
         static_mod._WARNED.clear()
@@ -175,6 +176,21 @@ def test_modes_and_fallbacks(model, caplog):
     assert static_supported(model) is None
     model.config._attn_implementation = "flash_attention_2"
     assert "4D" in static_supported(model)
+
+
+def test_auto_keeps_sessions_on_the_dynamic_cache(model, tokenizer, encode, monkeypatch):
+    """Where ``auto`` means graphs (CUDA), a multi-turn session still grows a DynamicCache
+    (the static session cache is not timed on a GPU); ``static`` asks for it."""
+    from transformers import DynamicCache
+
+    monkeypatch.setattr(static_mod, "resolve_decode", lambda mode, device: "graphs")
+    attn = torch.ones(2, 3, dtype=torch.bool)
+    for mode, kind in (("auto", type(None)), ("static", static_mod.SessionKV)):
+        engine = HFEngine(model, tokenizer, decode=mode)
+        cache = DynamicCache(config=model.config)
+        ids = torch.ones(2, 3, dtype=torch.long)
+        engine._forward(ids, attn.long(), torch.arange(3).expand(2, 3), cache)
+        assert type(static_mod.session_kv(engine, cache, attn)) is kind
 
 
 def _session_turns(model, tokenizer, prompts, sampling, mode, stop=()):

@@ -273,11 +273,11 @@ class HFOptions:
 
     decode: Literal["auto", "graphs", "static", "dynamic"] = opt(
         "auto",
-        "auto = dynamic (measured faster than graphs in a training run on an H200: "
-        "docs/performance.md); graphs = a preallocated KV cache and one CUDA graph "
-        "launch per decode step; static = the preallocated cache, eager; dynamic = the "
-        "growing DynamicCache loop. Where graphs or static cannot run it says so once and "
-        "decodes dynamic.",
+        "auto = graphs on CUDA (12x the dynamic loop on an H200: docs/performance.md), "
+        "dynamic elsewhere; graphs = a preallocated KV cache and one CUDA graph launch "
+        "per decode step; static = the preallocated cache, eager; dynamic = the growing "
+        "DynamicCache loop. Where graphs or static cannot run it says so once and decodes "
+        "dynamic.",
     )
     check_every: int = opt(
         16, "Decode steps between host checks that every row has finished (static, graphs)."

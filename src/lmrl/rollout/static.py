@@ -65,17 +65,15 @@ def warn_once(message: str) -> None:
 
 def resolve_decode(mode: str, device: torch.device) -> str:
     """The decode path ``mode`` gives on ``device``: ``graphs`` (static cache and CUDA graphs),
-    ``static`` (static cache, eager) or ``dynamic`` (today's loop). ``auto`` = dynamic for now:
-    on an H200 (session 16, transformers 5.17) the trainer's rollout with ``graphs`` took 13.3 s
-    against 11.5 s for today's loop at the Qwen2.5-0.5B shape (256 rows x 512 tokens); the
-    likely cause, not yet confirmed, is that every step reads the full-width cache and
-    transformers' sdpa path copies its GQA heads under a 4D mask (docs/performance.md).
-    ``graphs`` and ``static`` are there to choose. ``graphs``
-    asked off CUDA falls back to ``dynamic`` and says so once."""
+    ``static`` (static cache, eager) or ``dynamic`` (today's loop). ``auto`` = ``graphs`` on
+    CUDA (on an H200 at the Qwen2.5-0.5B shape, 256 rows x 512 tokens: 2.8 s against 34 s for
+    today's loop; docs/performance.md) and ``dynamic`` elsewhere (on a CPU the static path's
+    fixed costs outweigh what it saves for small models). ``graphs`` asked off CUDA falls
+    back to ``dynamic`` and says so once."""
     if mode not in DECODE_MODES:
         raise ValueError(f"rollout.hf.decode must be one of {DECODE_MODES}, got {mode!r}")
     if mode == "auto":
-        return "dynamic"
+        return "graphs" if device.type == "cuda" else "dynamic"
     if mode == "graphs" and device.type != "cuda":
         warn_once(f"rollout.hf.decode=graphs needs CUDA; decoding on {device} with today's loop")
         return "dynamic"
@@ -367,7 +365,8 @@ def static_sample(engine, input_ids, mask, position_ids, sampling, draws, first,
     dist = torch.distributed
     ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     if mode == "graphs" and ranks > 1:  # a sharded forward's collectives stay out of graphs
-        warn_once("hf engine: no CUDA graphs with several ranks; static cache, eagerly")
+        if engine.decode == "graphs":  # asked for, not auto's choice
+            warn_once("hf engine: no CUDA graphs with several ranks; static cache, eagerly")
         mode = "static"
     why = static_supported(engine.model)
     if why is None:
@@ -452,8 +451,9 @@ class SessionKV:
 
 def session_kv(engine, cache, attn: torch.Tensor) -> SessionKV | None:
     """A `SessionKV` over ``cache`` when ``engine.decode`` asks for a static cache (``static``,
-    or ``graphs`` on CUDA: sessions run it eagerly) and the model allows, else None."""
-    if resolve_decode(engine.decode, attn.device) == "dynamic":
+    or ``graphs`` on CUDA: sessions run it eagerly) and the model allows, else None. ``auto``
+    keeps sessions on ``DynamicCache``: the static session cache has not been timed on a GPU."""
+    if engine.decode == "auto" or resolve_decode(engine.decode, attn.device) == "dynamic":
         return None
     why = static_supported(engine.model)
     if why is None:
