@@ -382,6 +382,23 @@ def test_decode_attention_equals_repeat_kv_attention(length):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
+def test_any_forward_under_the_decode_attention_is_the_models_own(model, encode):
+    """While the decode attention is switched on (a decode runs), a full forward of padded
+    prompts (another thread's, say) gives the logits the model's own attention gives."""
+    prompts = encode(TEXTS)
+    ids, mask = prompts["input_ids"], prompts["attention_mask"].long()
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask).logits
+        with static_mod.decode_attention_on(model):
+            assert model.config._attn_implementation == static_mod.ATTENTION
+            got = model(input_ids=ids, attention_mask=mask).logits
+            nopad = model(input_ids=ids[1:2, -1:], attention_mask=mask[1:2, -1:]).logits
+    valid = mask.bool()
+    torch.testing.assert_close(got[valid], want[valid], atol=1e-5, rtol=0)
+    torch.testing.assert_close(nopad, want[1:2, -1:], atol=1e-5, rtol=0)
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_decode_steps_attend_folded_over_growing_widths(
     model, tokenizer, encode, logit_bias, monkeypatch
 ):

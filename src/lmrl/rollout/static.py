@@ -97,12 +97,14 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, **
     ``attention_mask`` (R, 1, 1, W) additive or None. The G = H / H_kv query heads of a
     key/value head (adjacent, as ``repeat_kv`` orders them) become G query positions of that
     head, so the cache is read once and never copied. Returns ((R, 1, H, D), None).
-    A feed of several tokens (never a decode step) takes sdpa's own grouped path."""
+    Any other forward the model runs meanwhile (several tokens: never a decode step) is
+    plain causal sdpa with its grouped heads, as transformers' own path computes it."""
     rows, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     if length != 1 or heads == kv_heads:
+        causal = length > 1 and attention_mask is None and getattr(module, "is_causal", True)
         out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, scale=scaling,
+            query, key, value, attn_mask=attention_mask, scale=scaling, is_causal=causal,
             enable_gqa=heads != kv_heads,
         )  # fmt: skip
         return out.transpose(1, 2).contiguous(), None
@@ -115,16 +117,22 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, **
 
 @functools.cache
 def _registered() -> str:
+    """Register `decode_attention` under `ATTENTION`, its masks built as sdpa's are (decode
+    steps pass their own 4D mask, which transformers takes as it is)."""
     from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     AttentionInterface.register(ATTENTION, decode_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
     return ATTENTION
 
 
 @contextlib.contextmanager
 def decode_attention_on(model):
     """Within: ``model``'s attention layers call `decode_attention` (its config's
-    ``_attn_implementation``, restored on exit). A model without a config is left alone."""
+    ``_attn_implementation``, restored on exit). A model without a config is left alone.
+    Another thread's forward of the same module meanwhile still computes its attention right
+    (sdpa's masks, causal sdpa), only through this function."""
     config = getattr(getattr(model, "module", model), "config", None)
     if config is None or not FOLD_GQA:
         yield
