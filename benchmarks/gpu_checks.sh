@@ -44,9 +44,9 @@ if [ "${1:-}" = step15 ]; then
     exit 0
 fi
 
-mark "static decode gpu tests (issue 33: graphs per width bucket, folded GQA attention)"
-timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu --timeout=55 \
-    tests/rollout/test_static_decode.py > "$OUT/gpu_tests.log" 2>&1
+mark "static decode and trainer gpu tests (issue 33: graphs are auto on CUDA)"
+timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu --timeout=95 \
+    tests/rollout/test_static_decode.py tests/trainer/test_gpu.py > "$OUT/gpu_tests.log" 2>&1
 tail -4 "$OUT/gpu_tests.log"
 
 mark "gpu_decode: the hf engine's decode paths at the Qwen2.5-0.5B shape (issue 33)"

@@ -302,6 +302,22 @@ def test_cuda_graphs_of_several_widths_share_a_pool(model, tokenizer, encode, mo
 
 @gpu
 @needs_cuda
+def test_cuda_graphs_under_autocast_over_fp32_weights(model, tokenizer, encode, monkeypatch):
+    """The trainer's default on CUDA: bf16 autocast over fp32 weights around the whole
+    generate (`PrecisionEngine`). The graphs read the autocast cache's bf16 weights, cast by
+    the eager warm-up step and alive until the call ends: the eager static path's tokens."""
+    monkeypatch.setattr(static_mod, "BUCKET", 16)
+    model = model.to("cuda", torch.float32)
+    seen = _captured(monkeypatch)
+    sampling = SamplingParams(max_new_tokens=40, seed=6, ignore_eos=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        sta, gra = _both(model, tokenizer, encode(TEXTS), 4, sampling, modes=("static", "graphs"))
+    _same(sta, gra, atol=1e-3)
+    assert seen and all(seen)
+
+
+@gpu
+@needs_cuda
 def test_cuda_graphs_with_stop_strings(model, tokenizer, encode, logit_bias, monkeypatch):
     model = model.to("cuda")
     seen = _captured(monkeypatch)

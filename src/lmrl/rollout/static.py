@@ -29,6 +29,11 @@ captured once with ``torch.cuda.CUDAGraph`` and replayed: one graph launch per t
   finish write pad / mask False / log-prob 0, exactly the padding today's loop returns, and
   the outputs are cut to the longest response.
 
+Under autocast over fp32 weights (the trainer's mixed precision, `PrecisionEngine`) the
+graphs read the autocast cache's bf16 copies of the weights, cast by the eager warm-up step:
+the cache lives as long as the generate call's autocast, which encloses every capture and
+replay, and the weights do not change within a call.
+
 The same step function runs eagerly (any device) or replayed from a graph (CUDA), so the CPU
 tests of the eager static path against today's loop and the GPU tests of graph against eager
 cover the whole. Models whose cache is not plain full-attention ``DynamicLayer``s (sliding
