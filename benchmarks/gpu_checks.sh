@@ -2,18 +2,19 @@
 # The GPU checks the open issues still need, in one run on a lent device (see the device
 # tool's README): `run` with command "bash benchmarks/gpu_checks.sh" and carry [".whl"].
 #
-# Before the run, on this machine, bring the pure-Python wheels the device lacks (torch 2.11,
-# transformers 5.17 and diffusers are there; py3.12):
+# Before the run, on this machine, bring the pure-Python wheels the device lacks (torch 2.11
+# and transformers 5.17 are there; py3.12; session 21 also carried diffusers==0.42.1):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux2014_x86_64 -d .whl trl==1.16.0 datasets==5.2.0 tensordict==0.15.3 \
 #     omegaconf==2.4.0 antlr4-python3-runtime==4.13.2 math-verify==0.9.0 \
 #     latex2sympy2_extended==1.11.0 bm25s==0.3.16 dill==0.4.1 multiprocess==0.70.19 \
-#     importlib_metadata==9.1.0 pyvers==0.2.3
+#     importlib_metadata==9.1.0 pyvers==0.2.3 diffusers==0.42.1
 # (.whl is git-ignored through .git/info/exclude). Each step has its own timeout; together
-# they fit in about 9 minutes on an H100/H200, most important first. Results go to $OUT.
-# `bash benchmarks/gpu_checks.sh flow` runs issue 35's benchmark instead (about 5 minutes):
-# lmrl train-flow on a random pipeline of SD3.5 Medium's shape, Fast against full;
-# `... step15` the 1.5B shape of gpu_step (about 3 minutes).
+# they took under 6 minutes on an H200 (session 21), most important first. Results go to
+# $OUT.
+# `bash benchmarks/gpu_checks.sh flow [CAP]` runs issue 35's benchmark instead (86 s in
+# session 21): lmrl train-flow on a random pipeline of SD3.5 Medium's shape, Fast against
+# full; `... step15 [CAP]` the 1.5B shape of gpu_step (159 s). CAP: its timeout in seconds.
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
