@@ -212,3 +212,43 @@ def test_the_group_reward_joins_the_ranks_extras_even_when_a_rank_lacks_one():
     assert list(text["pred"]) == ["a", "b", None, None]
     np.testing.assert_array_equal(numeric["acc"], [1.0, 0.0, 0.0, 1.0])
     assert joined.metrics["reward/errors"] == 2.0 and joined.token_level_scores.shape == (4, 3)
+
+
+@pytest.mark.parametrize("peer", ["died", "succeeded", "echo"])
+def test_a_failure_reports_the_rank_that_died_rather_than_its_echo(monkeypatch, peer):
+    """Rank 0's collective breaks first (a peer's death reaches it as a RuntimeError); when
+    rank 1 then turns out dead, the error names rank 1, else rank 0's own failure."""
+    ray = pytest.importorskip("ray")
+    from lmrl.errors import WorkerError
+
+    group = object.__new__(RayWorkerGroup)
+    group.name, group.ranks, group.alive = "actor", [], True
+    group.infos = [{"pid": 10, "node": "n"}, {"pid": 11, "node": "n"}]
+    outcomes = {
+        "r0": RuntimeError("gloo: Connection closed by peer"),
+        "r1": {
+            "died": ray.exceptions.ActorDiedError(),
+            "succeeded": 1.0,
+            "echo": RuntimeError("gloo: timed out"),
+        }[peer],
+    }
+
+    def wait(refs, num_returns=1, timeout=None):
+        return [next(r for r in ("r0", "r1") if r in refs)], []
+
+    def get(ref):
+        if isinstance(outcomes[ref], Exception):
+            raise outcomes[ref]
+        return outcomes[ref]
+
+    monkeypatch.setattr(ray, "wait", wait)
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(WorkerError) as err:
+        group._gather(["r0", "r1"], "update_actor")
+    if peer == "died":
+        assert "rank 1 (pid 11 on n) died during update_actor" in str(err.value)
+    else:
+        assert "rank 0 (pid 10 on n) failed in update_actor: RuntimeError: gloo: Connection" in (
+            str(err.value)
+        )
+    assert not group.alive

@@ -315,6 +315,8 @@ class RayWorkerGroup:
             is scored while the next one generates).
     """
 
+    DEATH_GRACE_S = 5.0  # how long a failure waits for a peer's death to be the one reported
+
     def __init__(
         self, name: str, cluster, cfg: Config, roles: Sequence[str], world_size: int,
         use_gpu: bool, total_steps: int, concurrency: int = 1,
@@ -415,9 +417,31 @@ class RayWorkerGroup:
                 try:
                     results[rank] = ray.get(ref)
                 except Exception as err:
+                    rank, err = self._root_cause(pending, rank, err)
                     self.kill()
                     raise self._error(err, rank, what) from None
         return results
+
+    def _root_cause(self, pending: dict, rank: int, err: Exception) -> tuple[int, Exception]:
+        """The failure to report: a rank whose collective broke is often the echo of a peer
+        that died, so the other ranks get `DEATH_GRACE_S` to finish, and the first of them
+        found dead is reported instead of ``rank``'s ``err``."""
+        import ray
+
+        deadline = time.monotonic() + self.DEATH_GRACE_S
+        while not isinstance(err, ray.exceptions.RayActorError) and pending:
+            left = deadline - time.monotonic()
+            ready = ray.wait(list(pending), num_returns=1, timeout=left)[0] if left > 0 else []
+            if not ready:
+                break
+            peer = pending.pop(ready[0])
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as died:
+                return peer, died
+            except Exception:  # another echo
+                pass
+        return rank, err
 
     def _error(self, err: Exception, rank: int, what: str) -> LmrlError:
         import ray
