@@ -65,24 +65,16 @@ PATHS = {
 }
 
 
-def full_draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The draw before the two-level search: searchsorted over the whole (R, V) float64
-    cumulative sum (for the sampler's before and after)."""
-    cdf = probs.double().cumsum(dim=-1)
-    total = cdf[:, -1:]
-    u = torch.minimum(u.to(cdf.device) * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, u, right=True).squeeze(1)
-
-
-def pick_ms(rows: int, vocab: int, device: torch.device, reps: int = 20, draw=None) -> float:
+def pick_ms(rows: int, vocab: int, device: torch.device, reps: int = 20, full=False) -> float:
     """Milliseconds of one sampler step (`pick` at temperature 1) on (rows, vocab) logits;
-    ``draw`` replaces the sampler's categorical draw."""
-    saved = sampling_mod._draw
-    sampling_mod._draw = draw or saved
+    ``full``: the draw inverts the whole cumulative sum (a block as large as the vocabulary),
+    as before the two-level search."""
+    saved = sampling_mod.DRAW_BLOCK
+    sampling_mod.DRAW_BLOCK = vocab if full else saved
     try:
         return _pick_ms(rows, vocab, device, reps)
     finally:
-        sampling_mod._draw = saved
+        sampling_mod.DRAW_BLOCK = saved
 
 
 def _pick_ms(rows: int, vocab: int, device: torch.device, reps: int) -> float:
@@ -205,7 +197,7 @@ def main() -> None:
             results[mode]["roofline_frac"] /= seconds
         print(f"{mode}: {seconds:.2f} s", flush=True)
     sampler = pick_ms(rows, model.config.vocab_size, device)
-    sampler_full = pick_ms(rows, model.config.vocab_size, device, draw=full_draw)
+    sampler_full = pick_ms(rows, model.config.vocab_size, device, full=True)
     ref = "graphs" if "graphs" in tokens else modes[-1]
     for mode in modes:
         same = (tokens[mode] == tokens[ref]).all(dim=1)

@@ -9,6 +9,7 @@ attention sums over the whole preallocated width, masked columns adding exact ze
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -393,7 +394,8 @@ def test_decode_attention_equals_repeat_kv_attention(length):
     want = torch.nn.functional.scaled_dot_product_attention(
         query, repeat_kv(key, 3), repeat_kv(value, 3), attn_mask=mask, scale=0.3
     ).transpose(1, 2)
-    got, weights = decode_attention(None, query, key, value, mask, scaling=0.3, dropout=0.0)
+    layer = SimpleNamespace(num_key_value_groups=3, is_causal=True)  # as an attention layer
+    got, weights = decode_attention(layer, query, key, value, mask, scaling=0.3, dropout=0.0)
     assert weights is None and got.shape == (rows, length, heads, dim)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 

@@ -71,6 +71,16 @@ def _tiny_overrides(root: Path, run_dir: Path, *extra: str) -> list[str]:
     ]
 
 
+def linked_workspace(source: Path, root: Path, **files: str) -> Path:
+    """``root`` with links to ``source``'s ``model`` and ``data`` (a shared workspace's model
+    and data under a module's own directory) and ``files`` written there (name -> text)."""
+    for name in ("model", "data"):
+        (root / name).symlink_to(source / name)
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return root
+
+
 def trainable_state(trainer) -> dict:
     """``{"actor.<name>" / "critic.<name>": tensor}`` of the trainable parameters, copied as
     float32 CPU tensors (comparable across devices and dtypes)."""

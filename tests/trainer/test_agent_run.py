@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.trainer.conftest import linked_workspace
 from tests.trainer.test_tool_failures import retrieval_server
 
 from lmrl.batch import response_tokens_mask
@@ -121,9 +122,7 @@ def test_a_multi_turn_run_killed_mid_step_resumes_bitwise_exact(
 ):
     """The tools are deterministic (BM25 rebuilt from the corpus; python runs with a fixed hash
     seed), so a run SIGKILLed in its 3rd rollout resumes to the uninterrupted run's weights."""
-    root = tmp_path
-    for name in ("model", "data"):
-        (root / name).symlink_to(search_workspace / name)
+    root = linked_workspace(search_workspace, tmp_path)
     whole = train_subprocess(agent_args(root, "whole"))
     assert whole.returncode == 0, whole.stderr[-2000:]
     killed = train_subprocess(agent_args(root, "killed"), fault="gen@3")

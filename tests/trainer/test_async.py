@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from tests.trainer.conftest import _tiny_overrides
+from tests.trainer.conftest import _tiny_overrides, linked_workspace
 
 from lmrl.batch import Batch
 from lmrl.config import ConfigError, load_config
@@ -157,14 +157,13 @@ def test_a_batch_in_flight_round_trips_through_a_checkpoint_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def workspace(tiny_workspace, tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("async")
-    for name in ("model", "data"):
-        (root / name).symlink_to(tiny_workspace / name)
-    (root / "reward.py").write_text(
+    reward = (
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
         "    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)\n"
     )
-    return root
+    return linked_workspace(
+        tiny_workspace, tmp_path_factory.mktemp("async"), **{"reward.py": reward}
+    )
 
 
 def args(root: Path, run: str, *extra: str) -> list[str]:

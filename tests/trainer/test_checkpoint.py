@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from tests.trainer.conftest import linked_workspace
 
 from lmrl.trainer.checkpoint import (
     check_checkpoint,
@@ -30,10 +31,7 @@ STEPS = 6  # 16 prompts, 4 per step: the run crosses an epoch boundary after ste
 @pytest.fixture(scope="module")
 def workspace(tiny_workspace, tmp_path_factory) -> Path:
     """The shared tiny model and data, with this module's runs in a directory of its own."""
-    root = tmp_path_factory.mktemp("ckpt")
-    for name in ("model", "data"):
-        (root / name).symlink_to(tiny_workspace / name)
-    return root
+    return linked_workspace(tiny_workspace, tmp_path_factory.mktemp("ckpt"))
 
 
 def train_args(root: Path, run: str, *extra: str) -> list[str]:

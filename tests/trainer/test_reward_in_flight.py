@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tests.trainer.conftest import _tiny_overrides
+from tests.trainer.conftest import _tiny_overrides, linked_workspace
 
 from lmrl.config import ConfigError, load_config
 from lmrl.errors import RewardError
@@ -29,19 +29,20 @@ from lmrl.trainer import Trainer, build_run
 
 @pytest.fixture(scope="module")
 def workspace(tiny_workspace, tmp_path_factory):
-    root = tmp_path_factory.mktemp("in_flight")
-    for name in ("model", "data"):
-        (root / name).symlink_to(tiny_workspace / name)
-    (root / "reward.py").write_text(
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    return {'score': sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1),\n"
-        "            'digits': float(sum(c.isdigit() for c in solution_str))}\n"
+    return linked_workspace(
+        tiny_workspace,
+        tmp_path_factory.mktemp("in_flight"),
+        **{
+            "reward.py": "def compute_score(data_source, solution_str, ground_truth, "
+            "extra_info=None):\n"
+            "    return {'score': sum(c.isdigit() for c in solution_str) / "
+            "max(len(solution_str), 1),\n"
+            "            'digits': float(sum(c.isdigit() for c in solution_str))}\n",
+            "broken.py": "def compute_score(data_source, solution_str, ground_truth, "
+            "extra_info=None):\n"
+            "    raise KeyError('judge unreachable')\n",
+        },
     )
-    (root / "broken.py").write_text(
-        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-        "    raise KeyError('judge unreachable')\n"
-    )
-    return root
 
 
 def args(root: Path, run: str, *extra: str) -> list[str]:

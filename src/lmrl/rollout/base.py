@@ -41,6 +41,7 @@ from lmrl.batch import Batch
 
 __all__ = [
     "CallSeeds",
+    "Forwarded",
     "RolloutEngine",
     "SamplingParams",
     "check_prompts",
@@ -114,6 +115,24 @@ class SamplingParams:
     def logprob_temperature(self) -> float:
         """The temperature of ``rollout_log_probs`` (``temperature``, or 1 when it is 0)."""
         return float(self.temperature) if self.temperature > 0 else 1.0
+
+
+class Forwarded:
+    """An engine wrapper's attribute that is its wrapped engine's (held in ``self.<inner>``),
+    read and set there: ``row_done = Forwarded("engine")``. Reading it raises the wrapped
+    engine's AttributeError where that engine has no such attribute."""
+
+    def __init__(self, inner: str) -> None:
+        self.inner = inner
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(getattr(obj, self.inner), self.name)
+
+    def __set__(self, obj, value) -> None:
+        setattr(getattr(obj, self.inner), self.name, value)
 
 
 class RolloutEngine(ABC):

@@ -24,7 +24,7 @@ from torch import nn
 
 from lmrl.batch import Batch
 from lmrl.models.loading import resolve_dtype, weights_version
-from lmrl.rollout.base import RolloutEngine, SamplingParams
+from lmrl.rollout.base import Forwarded, RolloutEngine, SamplingParams
 from lmrl.rollout.hf import HFEngine
 
 __all__ = ["CopyEngine"]
@@ -72,14 +72,7 @@ class CopyEngine(RolloutEngine):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    @property
-    def row_done(self):
-        """The inner engine's `HFEngine.row_done` (rows reported as they stop)."""
-        return self.inner.row_done
-
-    @row_done.setter
-    def row_done(self, hook) -> None:
-        self.inner.row_done = hook
+    row_done = Forwarded("inner")  # `HFEngine.row_done`: rows reported as they stop
 
     def _versions(self) -> tuple[int, ...]:
         return (weights_version(self.source), *(p._version for p in self.source.parameters()))

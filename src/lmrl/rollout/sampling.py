@@ -156,8 +156,7 @@ def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     rows, vocab = probs.shape
     if vocab <= 4 * DRAW_BLOCK:  # a few blocks: one cumulative sum costs less
         cdf = probs.double().cumsum(dim=-1)
-        total = cdf[:, -1:]
-        u = torch.minimum(u.to(cdf.device) * total, torch.nextafter(total, torch.zeros_like(total)))
+        u = _below(u.to(cdf.device) * cdf[:, -1:], cdf[:, -1:])
         return torch.searchsorted(cdf, u, right=True).squeeze(1)  # first token with cdf > u
     full = vocab // DRAW_BLOCK * DRAW_BLOCK
     sums = probs[:, :full].view(rows, -1, DRAW_BLOCK).sum(dim=-1, dtype=torch.float64)
@@ -165,16 +164,19 @@ def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         tail = probs[:, full:].sum(dim=-1, keepdim=True, dtype=torch.float64)
         sums = torch.cat([sums, tail], dim=1)  # (R, blocks)
     cdf = sums.cumsum(dim=-1)
-    total = cdf[:, -1:]
-    u = u.to(cdf.device) * total
-    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < total
+    u = _below(u.to(cdf.device) * cdf[:, -1:], cdf[:, -1:])
     block = torch.searchsorted(cdf, u, right=True)  # (R, 1): first block with cdf > u
     before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
     index = block * DRAW_BLOCK + torch.arange(DRAW_BLOCK, device=probs.device)  # (R, B)
     inside = probs.gather(1, index.clamp(max=vocab - 1)).double()
     inside = inside.masked_fill(index >= vocab, 0.0).cumsum(dim=-1)
     # the mass left inside the block: at least 0, below the block's own sum
-    left = (u - before).clamp(min=0.0)
-    left = torch.minimum(left, torch.nextafter(inside[:, -1:], torch.zeros_like(left)))
+    left = _below((u - before).clamp(min=0.0), inside[:, -1:])
     offset = torch.searchsorted(inside, left, right=True)  # first token with cdf > left
     return (block * DRAW_BLOCK + offset).squeeze(1)
+
+
+def _below(x: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """``x`` clamped strictly below ``bound`` (> 0): a uniform scaled by a cumulative mass
+    then always lands before the mass's end, whatever the rounding."""
+    return torch.minimum(x, torch.nextafter(bound, torch.zeros_like(bound)))

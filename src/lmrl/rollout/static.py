@@ -102,17 +102,16 @@ def decode_attention(module, query, key, value, attention_mask, scaling=None, **
     ``attention_mask`` (R, 1, 1, W) additive or None. The G = H / H_kv query heads of a
     key/value head (adjacent, as ``repeat_kv`` orders them) become G query positions of that
     head, so the cache is read once and never copied. Returns ((R, 1, H, D), None).
-    Any other forward the model runs meanwhile (several tokens: never a decode step) is
-    plain causal sdpa with its grouped heads, as transformers' own path computes it."""
+    Any other forward the model runs meanwhile (several tokens: never a decode step) goes to
+    transformers' own sdpa attention."""
     rows, heads, length, dim = query.shape
     kv_heads = key.shape[1]
     if length != 1 or heads == kv_heads:
-        causal = length > 1 and attention_mask is None and getattr(module, "is_causal", True)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, scale=scaling, is_causal=causal,
-            enable_gqa=heads != kv_heads,
-        )  # fmt: skip
-        return out.transpose(1, 2).contiguous(), None
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, **kwargs
+        )
     folded = query.reshape(rows, kv_heads, heads // kv_heads, dim)
     out = torch.nn.functional.scaled_dot_product_attention(
         folded, key, value, attn_mask=attention_mask, scale=scaling
@@ -137,7 +136,7 @@ def decode_attention_on(model):
     """Within: ``model``'s attention layers call `decode_attention` (its config's
     ``_attn_implementation``, restored on exit). A model without a config is left alone.
     Another thread's forward of the same module meanwhile still computes its attention right
-    (sdpa's masks, causal sdpa), only through this function."""
+    (sdpa's masks and sdpa's attention), only through this function."""
     config = getattr(getattr(model, "module", model), "config", None)
     if config is None or not FOLD_GQA:
         yield

@@ -29,7 +29,7 @@ from torch import nn
 
 from lmrl.errors import ModelError
 from lmrl.models.loading import DTYPES
-from lmrl.rollout.base import RolloutEngine
+from lmrl.rollout.base import Forwarded, RolloutEngine
 
 __all__ = ["LossScaler", "Precision", "PrecisionEngine"]
 
@@ -196,18 +196,8 @@ class PrecisionEngine(RolloutEngine):
         self.precision = precision
         self.shares_weights = engine.shares_weights
 
-    @property
-    def pad_id(self) -> int:
-        return self.engine.pad_id
-
-    @property
-    def row_done(self):
-        """The engine's ``row_done`` (AttributeError where it reports no rows)."""
-        return self.engine.row_done
-
-    @row_done.setter
-    def row_done(self, hook) -> None:
-        self.engine.row_done = hook
+    pad_id = Forwarded("engine")
+    row_done = Forwarded("engine")  # AttributeError where the engine reports no rows
 
     def generate(self, prompts, n=1, sampling=None, *, prompt_offset: int = 0):
         with self.precision.autocast():
