@@ -132,6 +132,44 @@ def test_log_probs_from_hidden_matches_naive(temperature, with_bias):
         torch.testing.assert_close(x.double(), y, atol=1e-5, rtol=0)
 
 
+class CountMatmuls(TorchDispatchMode):
+    """Counts the aten matmuls run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_one_chunk_keeps_its_logits_for_the_backward():
+    """When one chunk holds every row, the backward takes the forward's logits (two head
+    matmuls instead of three) with the gradients of recomputing them chunk by chunk; a second
+    backward of a retained graph computes them again, with the same gradients."""
+    g = torch.Generator().manual_seed(5)
+    hidden, weight = torch.randn(B, T, H, generator=g), torch.randn(V, H, generator=g)
+    labels = torch.randint(0, V, (B, T), generator=g)
+    results = []
+    for chunk in (None, 4):  # one chunk of 15 rows, or four
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        logp, ent = log_probs_from_hidden(h, w, None, labels, 0.7, True, chunk)
+        loss = logp.sum() + 0.5 * ent.sum()
+        counter = CountMatmuls()
+        with counter:
+            first = torch.autograd.grad(loss, [h, w], retain_graph=True)
+        again = torch.autograd.grad(loss, [h, w])
+        results.append((first, counter.count))
+        for x, y in zip(first, again, strict=True):
+            torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
+    (kept, kept_mm), (chunked, chunked_mm) = results
+    assert kept_mm == 2 and chunked_mm == 3 * 4
+    for x, y in zip(kept, chunked, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-6, rtol=0)
+
+
 def test_log_probs_from_hidden_skips_frozen_weight_and_equals_logits_path():
     g = torch.Generator().manual_seed(4)
     hidden = torch.randn(2, 7, H, generator=g, requires_grad=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmrl.models import compute_values, forward_values, load_causal_lm, load_critic
+from lmrl.models import compute_values, forward_values, load_causal_lm, load_critic, packing
 from lmrl.models.critic import value_head
 
 
@@ -61,12 +61,16 @@ def _random_head(critic):
     return critic
 
 
+@pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("arch", ["qwen", "llama"])
 def test_shared_prompts_give_the_full_forwards_values_and_gradients(
-    arch, qwen_dir, llama_dir, grouped
+    arch, packed, qwen_dir, llama_dir, grouped, monkeypatch
 ):
-    """GRPO-style groups: each prompt runs once, and the values and every parameter's
-    gradient are the full forward's; the no-grad path (micro-batches splitting groups) too."""
+    """GRPO-style groups: each prompt runs once (packed with its responses in one pass, or a
+    prompt pass then a response pass), and the values and every parameter's gradient are the
+    full forward's; the no-grad path (micro-batches splitting groups) too."""
+    if not packed:
+        monkeypatch.setattr(packing, "MAX_PACKED", 0)
     path = qwen_dir if arch == "qwen" else llama_dir
     mask = grouped["response_mask"]
     weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
@@ -83,7 +87,8 @@ def test_shared_prompts_give_the_full_forwards_values_and_gradients(
         ((values - 1.0) ** 2 * weights).sum().backward()
         results.append((values.detach(), {n: p.grad for n, p in critic.named_parameters()}))
         rows = [ids.shape[0] for ids in calls]
-        assert rows == ([5, 12] if share else [12])  # 5 distinct prompts, then 12 responses
+        # 5 distinct prompts (with their responses when packed), then 12 responses
+        assert rows == ([5] if packed else [5, 12]) if share else [12]
     (values, grads), (want, want_grads) = results
     torch.testing.assert_close(values, want, atol=1e-5, rtol=0)
     assert (values[~mask] == 0).all() and (values[mask] != 0).all()

@@ -373,3 +373,34 @@ def test_no_seed_key_or_step_draws_a_degenerate_uniform():
     for seed in (0, 1 << 32, 2**64 - 1):
         u = torch.cat([Draws(seed, torch.arange(4096)).uniform(t) for t in range(4)], dim=1)
         assert u.min() > 1e-6 and u.max() < 1 - 1e-6
+
+
+def test_on_a_cpu_the_engine_applies_a_plain_head_itself(model, tokenizer, encode):
+    """On a CPU the engine runs the backbone and then the plain head (``W @ h.T``) itself: the
+    logits of the model's own forward; a hook on the model's forward makes it run the model's
+    forward instead, so the hook sees every step."""
+    from transformers import DynamicCache
+
+    prompts = encode(TEXTS)
+    ids, mask = prompts["input_ids"], prompts["attention_mask"].long()
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    engine = HFEngine(model, tokenizer)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, -1]
+    heads = []
+    model.lm_head.forward = lambda h, real=model.lm_head.forward: heads.append(1) or real(h)
+    try:
+        with torch.no_grad():
+            got = engine._forward(ids, mask, pos, DynamicCache(config=model.config))
+            assert heads == []  # the head's weight, not its forward
+            hooked = []
+            handle = model.register_forward_pre_hook(lambda *args: hooked.append(1))
+            try:
+                again = engine._forward(ids, mask, pos, DynamicCache(config=model.config))
+            finally:
+                handle.remove()
+    finally:
+        del model.lm_head.forward
+    assert hooked == [1] and heads == [1]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(again, want, atol=1e-5, rtol=0)

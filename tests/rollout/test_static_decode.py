@@ -227,6 +227,11 @@ def test_static_session_equals_dynamic(model, tokenizer, encode, logit_bias, mon
         )
     assert {why for turn in dyn for _, _, why in turn} >= {"eos", "length"}
     _same_turns(dyn, sta)
+    # both fold their one-column feeds (`decode_attention`): the model's own attention agrees
+    monkeypatch.setattr(static_mod, "FOLD_GQA", False)
+    with logit_bias(model, bias):
+        own = _session_turns(model, tokenizer, encode(TEXTS), sampling, "dynamic")
+    _same_turns(own, dyn)
 
 
 def test_static_session_with_stop_strings(model, tokenizer, encode, logit_bias):
@@ -376,25 +381,38 @@ def test_a_static_layer_stores_in_its_buffers_dtype():
     assert torch.equal(out_v[:, :, 1], torch.full((2, 1, 3), 0.5)) and out_v[:, :, 0].eq(0).all()
 
 
-@pytest.mark.parametrize("length", [1, 3])
-def test_decode_attention_equals_repeat_kv_attention(length):
-    """The folded grouped-query attention gives transformers' sdpa over keys and values copied
-    to every query head (``repeat_kv``), with an additive mask of masked columns."""
+@pytest.mark.parametrize("mask_kind", ["additive", "bool", "none"])
+@pytest.mark.parametrize("matmul", [True, False])
+@pytest.mark.parametrize(("length", "kv_heads"), [(1, 2), (3, 2), (1, 6)])
+def test_decode_attention_equals_repeat_kv_attention(length, kv_heads, matmul, mask_kind,
+                                                     monkeypatch):  # fmt: skip
+    """The folded grouped-query attention (two matmuls, as on a CPU, or sdpa, as on a GPU)
+    gives transformers' sdpa over keys and values copied to every query head (``repeat_kv``),
+    with an additive or boolean mask of masked columns or none; so do several query tokens
+    and a model without grouped queries."""
     from transformers.integrations.sdpa_attention import repeat_kv
 
     from lmrl.rollout.static import decode_attention
 
+    monkeypatch.setattr(static_mod, "MATMUL_DEVICES", ("cpu",) if matmul else ())
     gen = torch.Generator().manual_seed(0)
-    rows, heads, kv_heads, width, dim = 3, 6, 2, 11, 8
+    rows, heads, width, dim = 3, 6, 11, 8
+    groups = heads // kv_heads
     query = torch.randn(rows, heads, length, dim, generator=gen)
     key, value = (torch.randn(rows, kv_heads, width, dim, generator=gen) for _ in range(2))
     allowed = torch.rand(rows, 1, length, width, generator=gen) > 0.3
     allowed[..., -1] = True
-    mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    mask = {
+        "additive": torch.zeros(allowed.shape).masked_fill(
+            ~allowed, torch.finfo(torch.float32).min
+        ),
+        "bool": allowed,
+        "none": None,
+    }[mask_kind]
     want = torch.nn.functional.scaled_dot_product_attention(
-        query, repeat_kv(key, 3), repeat_kv(value, 3), attn_mask=mask, scale=0.3
+        query, repeat_kv(key, groups), repeat_kv(value, groups), attn_mask=mask, scale=0.3
     ).transpose(1, 2)
-    layer = SimpleNamespace(num_key_value_groups=3, is_causal=True)  # as an attention layer
+    layer = SimpleNamespace(num_key_value_groups=groups, is_causal=False)  # an attention layer
     got, weights = decode_attention(layer, query, key, value, mask, scaling=0.3, dropout=0.0)
     assert weights is None and got.shape == (rows, length, heads, dim)
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
@@ -420,9 +438,10 @@ def test_any_forward_under_the_decode_attention_is_the_models_own(model, encode)
 def test_decode_steps_attend_folded_over_growing_widths(
     model, tokenizer, encode, logit_bias, monkeypatch
 ):
-    """Every decode step runs `decode_attention` (never the prefill) over the cache's first
-    columns rounded up to `BUCKET`, one graph per width (fake graphs on the CPU), the tokens
-    and log-probs are today's loop's, and the model's attention setting is restored."""
+    """Every decode step runs `decode_attention` (never the prefill): today's loop over the
+    cache it grew, the static decode over the cache's first columns rounded up to `BUCKET`, one
+    graph per width (fake graphs on the CPU); the tokens and log-probs are those of the model's
+    own attention, and the model's attention setting is restored."""
     monkeypatch.setattr(static_mod, "BUCKET", 8)
     widths = []
     fold = static_mod.decode_attention
@@ -453,12 +472,17 @@ def test_decode_steps_attend_folded_over_growing_widths(
             )
     finally:
         static_mod._registered.cache_clear()
-    _same(dyn, sta)
-    _same(dyn, gra)
+    monkeypatch.setattr(static_mod, "FOLD_GQA", False)  # the model's own attention
+    with logit_bias(model, bias):
+        (own,) = _both(model, tokenizer, prompts, 2, sampling, modes=("dynamic",))
+    for out in (dyn, sta, gra):
+        _same(own, out)
     assert model.config._attn_implementation == "sdpa"
     layers, prompt_len = model.config.num_hidden_layers, prompts["input_ids"].shape[1]
     full = -(-(prompt_len + 19) // 8) * 8
+    grown = [prompt_len + t for t in range(1, 20) for _ in range(layers)]
     expected = [min(full, -(-(prompt_len + t) // 8) * 8) for t in range(1, 20)]
-    assert widths == [w for w in expected for _ in range(layers)] * 2  # static, then graphs
+    bucketed = [w for w in expected for _ in range(layers)]
+    assert widths == grown + bucketed * 2  # dynamic, static, then graphs
     assert len(set(expected)) > 2 and sorted(graphs) == sorted(set(expected[1:]))
     assert sum(g.replays for g in graphs.values()) == 18  # steps 2..19; step 1 warms up

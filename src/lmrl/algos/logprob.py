@@ -217,6 +217,10 @@ class _LogProbsFromHidden(torch.autograd.Function):
         ctx.save_for_backward(hidden, weight, bias, labels, lse, entropy)
         ctx.temperature, ctx.rows, ctx.has_bias = temperature, rows, bias is not None
         ctx.dtype = dtype
+        # One chunk holds every row: its logits wait for the backward instead of being computed
+        # again (a quarter of the head's matmuls), still one chunk of memory. An intermediate
+        # held by ctx, not saved: the backward overwrites it and lets it go.
+        ctx.kept = z if n <= rows and any(ctx.needs_input_grad[:3]) else None
         ctx.set_materialize_grads(False)
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
@@ -233,7 +237,9 @@ class _LogProbsFromHidden(torch.autograd.Function):
         w = weight.to(dtype)
 
         def grad_z(i: int, j: int) -> torch.Tensor:
-            z = _chunk_logits(hidden[i:j], w, bias, temperature, dtype)
+            z, ctx.kept = ctx.kept, None  # a second backward (retain_graph) recomputes
+            if z is None:
+                z = _chunk_logits(hidden[i:j], w, bias, temperature, dtype)
             return _grad_z(
                 z,
                 labels[i:j],

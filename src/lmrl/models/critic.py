@@ -14,8 +14,8 @@ from which token ``t`` is generated (the same alignment as the log-probs).
 Shared prompts, as for the log-probs (``lmrl.models.forward``): when rows of a micro-batch
 share their prompt (GRPO-style groups, ``rollout.n > 1``), the backbone runs each distinct
 prompt once and only the response tokens per row, and the value head is applied to those
-hidden states (`value_head`). A PPO step's critic forward and backward then cost what the
-actor's do instead of ``n`` full passes.
+hidden states (`value_head`; packed with its responses where that pays, `group_hidden`). A PPO
+step's critic forward and backward then cost what the actor's do instead of ``n`` full passes.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from lmrl.models.forward import (
     can_share_prompts,
     check_keys,
     eval_mode,
+    group_hidden,
     micro_batches,
     plain_head,
     prompt_groups,
-    shared_prompt_hidden,
     trim_batch,
 )
 from lmrl.models.loading import (
@@ -139,7 +139,7 @@ def forward_values(critic: nn.Module, batch, share_prompts: bool = True) -> torc
     groups = prompt_groups(trimmed) if parts is not None else None
     if groups is not None:
         backbone, head = parts
-        values = head(shared_prompt_hidden(backbone, trimmed, *groups))[..., 0].float()
+        values = head(group_hidden(critic, backbone, trimmed, *groups))[..., 0].float()
     else:
         scores = critic(**trimmed.model_inputs()).logits  # (B, L', 1)
         values = scores[:, trimmed.start : trimmed.start + trimmed.kept, 0].float()

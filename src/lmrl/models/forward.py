@@ -20,7 +20,10 @@ position ``P - 1 + t``. Two choices keep this cheap:
   row. A step's forward and backward then cost ``P + G * T`` tokens per group instead of
   ``G * (P + T)``; the maths is the same attention over the same keys (equal to the full
   forward up to float rounding). Used on the fused-head path, without gradient checkpointing,
-  on models whose layers all attend to the full past (`can_share_prompts`);
+  on models whose layers all attend to the full past (`can_share_prompts`). Where it pays
+  (`lmrl.models.packing`: short packed rows, an sdpa model), each prompt and its responses go
+  through the backbone as one packed row instead (one pass, no padding between responses);
+  otherwise a prompt pass and a response pass (`shared_prompt_hidden`);
 - the exact KL to a reference (`forward_log_probs_and_kl`, the actor's ``kl_loss_type=full``)
   takes the reference's hidden states for the same micro-batch (no grad) and fuses both heads
   into the same token chunks, so it adds no (B, T, V) tensor either.
@@ -44,6 +47,7 @@ from torch import nn
 
 from lmrl.algos.kl import full_kl_from_hidden
 from lmrl.algos.logprob import full_kl_from_logits, log_probs_from_hidden, log_probs_from_logits
+from lmrl.models.packing import pack_groups, pack_pays, packable, packed_hidden
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
 # Config fields of models whose logits are not just ``lm_head(hidden)``.
@@ -308,6 +312,34 @@ def shared_prompt_hidden(
     return torch.cat([last, responses.last_hidden_state], dim=1)
 
 
+def group_hidden(
+    model: nn.Module,
+    backbone: nn.Module,
+    trimmed: Trimmed,
+    first: torch.Tensor,
+    inverse: torch.Tensor,
+) -> torch.Tensor:
+    """`shared_prompt_hidden`'s (B, kept, H), from one packed pass where packing applies and
+    pays (`lmrl.models.packing`: an sdpa model of a tested type, responses without holes,
+    packed rows of at most ``MAX_PACKED`` tokens), else from the prompt pass and the response
+    pass."""
+    width = trimmed.start + 1
+    valid = trimmed.response_valid[:, : trimmed.kept]
+    lengths = valid.sum(1)
+    prefix = torch.arange(trimmed.kept, device=valid.device)[None, :] < lengths[:, None]
+    if (
+        packable(unwrap(model))
+        and torch.equal(valid, prefix)
+        and pack_pays(width, lengths, inverse, len(first))
+    ):
+        packed = pack_groups(
+            trimmed.input_ids, trimmed.position_ids, trimmed.attention_mask[:, :width],
+            lengths, first, inverse, width, trimmed.kept,
+        )  # fmt: skip
+        return packed_hidden(backbone, packed)
+    return shared_prompt_hidden(backbone, trimmed, first, inverse)
+
+
 def response_outputs(
     model: nn.Module, trimmed: Trimmed, share_prompts: bool = True
 ) -> tuple[torch.Tensor, nn.Linear | None]:
@@ -327,7 +359,7 @@ def response_outputs(
         if share_prompts and can_share_prompts(model):
             groups = prompt_groups(trimmed)
         if groups is not None:
-            hidden = shared_prompt_hidden(backbone, trimmed, *groups)
+            hidden = group_hidden(model, backbone, trimmed, *groups)
         else:
             hidden = backbone(**trimmed.model_inputs()).last_hidden_state
             hidden = hidden[:, trimmed.start : trimmed.start + trimmed.kept]

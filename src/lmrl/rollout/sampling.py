@@ -20,6 +20,7 @@ __all__ = ["Draws", "pick", "stop_hits"]
 
 _M32 = 0xFFFFFFFF
 _KEY, _STEP = 0x1B873593, 0x68E31DA4  # odd constants mixed into the key and the step
+_SALT = 0x9E3779B9  # mixed into a step's second hash
 
 
 def _truncate(scaled: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -120,13 +121,16 @@ class Draws:
         lo, hi = seed & _M32, seed >> 32
         # the hash maps 0 to 0: the constants keep (seed 0, key 0, step 0) from drawing u = 0
         self.base = _mix32(_mix32((keys.long() & _M32) ^ _KEY) ^ hi) ^ lo  # (R,)
+        # the two hashes of a step: counters 2t and 2t + 1, the second salted
+        self._pair = torch.tensor([0, 1], device=keys.device)[:, None]
+        self._salt = torch.tensor([0, _SALT], device=keys.device)[:, None]
 
     def uniform(self, t: int | torch.Tensor) -> torch.Tensor:
         """(R, 1) float64 uniforms in [0, 1) of decode step ``t`` (53 random bits each); ``t``
         may be a (R,) tensor, each row at its own step (the agent loop's rows advance apart)."""
         t = torch.as_tensor(t, dtype=torch.long, device=self.base.device).expand_as(self.base)
-        h1 = _mix32(self.base ^ _mix32((2 * t) ^ _STEP))
-        h2 = _mix32(self.base ^ _mix32((2 * t + 1) ^ _STEP) ^ 0x9E3779B9)
+        counters = 2 * t[None, :] + self._pair  # (2, R): both hashes in one pass of ops
+        h1, h2 = _mix32(self.base ^ _mix32(counters ^ _STEP) ^ self._salt)
         bits = (h1 << 21) | (h2 >> 11)  # 32 + 21 = 53 bits
         return (bits.double() * 2.0**-53)[:, None]
 

@@ -58,6 +58,7 @@ DECODE_MODES = ("auto", "graphs", "static", "dynamic")
 BUCKET = 128  # a decode step attends to the cache's first columns rounded up to this many
 FOLD_GQA = True  # decode steps use `decode_attention` (off: the model's own, for benchmarks)
 ATTENTION = "lmrl_decode"  # its name in transformers' AttentionInterface
+MATMUL_DEVICES = ("cpu",)  # where `decode_attention` is two matmuls instead of sdpa's kernel
 _WARNED: set[str] = set()
 
 
@@ -97,26 +98,47 @@ def static_supported(model) -> str | None:
 
 
 def decode_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
-    """Attention of one query token per row against the static cache, as ``transformers``
-    calls an attention function: ``query`` (R, H, 1, D), ``key``/``value`` (R, H_kv, W, D),
-    ``attention_mask`` (R, 1, 1, W) additive or None. The G = H / H_kv query heads of a
-    key/value head (adjacent, as ``repeat_kv`` orders them) become G query positions of that
-    head, so the cache is read once and never copied. Returns ((R, 1, H, D), None).
-    Any other forward the model runs meanwhile (several tokens: never a decode step) goes to
-    transformers' own sdpa attention."""
+    """Attention of one query token per row against the cache (static, or the dynamic loop's),
+    as ``transformers`` calls an attention function: ``query`` (R, H, 1, D), ``key``/``value``
+    (R, H_kv, W, D), ``attention_mask`` (R, 1, 1, W) additive, boolean or None. The G = H / H_kv
+    query heads of a key/value head (adjacent, as ``repeat_kv`` orders them) become G query
+    positions of that head, so the cache is read once and never copied; on `MATMUL_DEVICES`
+    (the CPU) as two matmuls (`_matmul_attention`), elsewhere through sdpa. Returns
+    ((R, 1, H, D), None). Any other forward the model runs meanwhile (several tokens: never a
+    decode step) goes to transformers' own sdpa attention."""
     rows, heads, length, dim = query.shape
     kv_heads = key.shape[1]
-    if length != 1 or heads == kv_heads:
+    matmul = query.device.type in MATMUL_DEVICES
+    if length != 1 or (heads == kv_heads and not matmul):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, scaling=scaling, **kwargs
         )
     folded = query.reshape(rows, kv_heads, heads // kv_heads, dim)
-    out = torch.nn.functional.scaled_dot_product_attention(
-        folded, key, value, attn_mask=attention_mask, scale=scaling
-    )  # (R, H_kv, G, D): every query head of a group at the same cache columns and mask
+    # (R, H_kv, G, D): every query head of a group at the same cache columns and mask
+    if matmul:
+        out = _matmul_attention(folded, key, value, attention_mask, scaling)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            folded, key, value, attn_mask=attention_mask, scale=scaling
+        )
     return out.reshape(rows, 1, heads, dim), None
+
+
+def _matmul_attention(query, key, value, mask, scaling):
+    """Attention as two matmuls and a float32 softmax, for a CPU: ``query`` (R, H_kv, G, D)
+    against ``key``/``value`` (R, H_kv, W, D), ``mask`` (R, 1, 1, W) boolean (True = attend),
+    additive, or None. sdpa's CPU kernel is slower at a decode step's shapes: the tiny
+    benchmark model's generate (64 rows, 4 heads over 2, ~40 columns) took 53.5 ms a call
+    with it and 47 ms with this."""
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query, key.transpose(-1, -2)).float() * scale
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask
+    return torch.matmul(scores.softmax(dim=-1).to(value.dtype), value)
 
 
 @functools.cache
