@@ -45,9 +45,10 @@ if [ "${1:-}" = step15 ]; then
     exit 0
 fi
 
-mark "static decode and trainer gpu tests (issue 33: graphs are auto on CUDA)"
+mark "static decode, packing, fused head and trainer gpu tests (issue 33)"
 timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu --timeout=95 \
-    tests/rollout/test_static_decode.py tests/trainer/test_gpu.py > "$OUT/gpu_tests.log" 2>&1
+    tests/rollout/test_static_decode.py tests/models/test_packing.py tests/algos/test_logprob.py \
+    tests/trainer/test_gpu.py > "$OUT/gpu_tests.log" 2>&1
 tail -4 "$OUT/gpu_tests.log"
 
 mark "gpu_decode: the hf engine's decode paths at the Qwen2.5-0.5B shape (issue 33)"
@@ -55,11 +56,12 @@ timeout 110 python3 benchmarks/gpu_decode.py --out "$OUT/gpu_decode.json" \
     > "$OUT/gpu_decode.log" 2>&1
 tail -12 "$OUT/gpu_decode.log"
 
-mark "gpu_step 0.5B, lmrl (graphs decode) then TRL (issue 33)"
+mark "gpu_step 0.5B, lmrl (graphs decode, one more step profiled) then TRL (issue 33)"
 timeout 170 python3 benchmarks/gpu_step.py --shapes 0.5b --sides lmrl,trl --warmup 1 \
     --steps 2 --budget 160 --child-timeout 150 --out "$OUT/gpu_step.json" --work /tmp/gs \
-    --lmrl-args rollout.hf.decode=graphs > "$OUT/gpu_step.log" 2>&1
+    --profile --lmrl-args rollout.hf.decode=graphs > "$OUT/gpu_step.log" 2>&1
 tail -16 "$OUT/gpu_step.log"
+head -30 "$OUT/gpu_step_profile_0.5b.txt" 2>/dev/null
 
 mark "SD3.5-M-shaped train-flow test (issue 35)"
 timeout 200 python3 -m pytest -q -s -p no:cacheprovider -m gpu --timeout=195 \

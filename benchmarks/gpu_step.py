@@ -116,6 +116,7 @@ class Setting:
     seed: int = 0
     device: str = "cuda"
     lmrl_args: list[str] = field(default_factory=list)
+    profile: str = ""  # lmrl: profile one more step after the timed ones, its table here
 
     @property
     def rows(self) -> int:
@@ -262,6 +263,8 @@ def sync(device: str, reset_peak: bool = False) -> None:
 
 
 def run_lmrl(s: Setting, work: Path) -> dict:
+    import torch
+
     from lmrl.config import load_config
     from lmrl.trainer import Trainer, build_run
 
@@ -283,7 +286,7 @@ def run_lmrl(s: Setting, work: Path) -> dict:
         "actor.optim.lr_scheduler=constant",
         f"reward.custom_reward_function.path={Path(__file__).resolve()}",
         "reward.custom_reward_function.name=token_reward", "reward.num_workers=0",
-        f"trainer.total_training_steps={total}", "trainer.save_freq=-1",
+        f"trainer.total_training_steps={total + bool(s.profile)}", "trainer.save_freq=-1",
         "trainer.test_freq=-1", "trainer.resume_mode=disable", "trainer.logger=[]",
         f"trainer.default_local_dir={work / 'runs' / f'lmrl-{s.shape}-{os.getpid()}'}",
         f"trainer.device={s.device}", f"trainer.seed={s.seed}",
@@ -308,6 +311,16 @@ def run_lmrl(s: Setting, work: Path) -> dict:
         resp = int(batch["response_mask"].sum())
         tokens.append([int(batch["attention_mask"].sum()) - resp, resp])  # (prompt, response)
     params = sum(p.numel() for p in trainer.parts.actor.model.parameters())
+    if s.profile:  # an untimed step under the profiler: where the kernels' time goes
+        kinds = [torch.profiler.ProfilerActivity.CPU]
+        kinds += [torch.profiler.ProfilerActivity.CUDA] if s.device == "cuda" else []
+        with torch.profiler.profile(activities=kinds) as prof:
+            stage = trainer.step()
+            sync(s.device)
+        key = "self_cuda_time_total" if s.device == "cuda" else "self_cpu_time_total"
+        stages_line = {k: round(v, 3) for k, v in stage.items() if "timing_s/" in k}
+        table = prof.key_averages().table(sort_by=key, row_limit=40)
+        Path(s.profile).write_text(f"{stages_line}\n{table}\n")
     trainer.close()
     steps = [b - a for a, b in itertools.pairwise(ends)]
     return dict(step_s=steps, gen_s=gen, update_s=update, stages=stages, tokens=tokens,
@@ -503,6 +516,8 @@ def main() -> None:
     p.add_argument("--no-grad-ckpt", action="store_true", help="gradient checkpointing off")
     p.add_argument("--lr", type=float, default=Setting.lr)
     p.add_argument("--lmrl-args", nargs="*", default=[], help="extra key=value for lmrl")
+    p.add_argument("--profile", action="store_true",
+                   help="lmrl: profile one untimed step more, OUT_profile_SHAPE.txt")  # fmt: skip
     p.add_argument("--peak-tflops", type=float, help="bf16 dense peak, if not in CARDS")
     p.add_argument("--hbm-tbps", type=float, help="HBM bandwidth in TB/s, if not in CARDS")
     p.add_argument("--child-timeout", type=float, default=300, help="seconds per side")
@@ -558,6 +573,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     for shape in shapes:
         s = Setting(**(asdict(base) | {"shape": shape}))
+        if args.profile:
+            s.profile = str(out.with_name(f"{out.stem}_profile_{shape}.txt"))
         results = report["results"].setdefault(shape, {})
         for side in sides:  # lmrl, then TRL, each a fresh process
             if args.budget - (time.perf_counter() - start) < 30:

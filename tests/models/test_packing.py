@@ -142,3 +142,25 @@ def test_packing_is_left_out_where_it_does_not_apply(qwen_dir, grouped, monkeypa
     monkeypatch.setattr(packing, "MAX_PACKED", 512)
     forward_log_probs(model, grouped, 1.0)
     assert calls == [5]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("autocast", [False, True])
+def test_packed_equals_the_unpacked_on_cuda(autocast, qwen_dir, grouped, monkeypatch):
+    """On CUDA (sdpa takes the boolean mask through its memory-efficient kernel), in fp32 and
+    under bf16 autocast over fp32 weights: the packed pass gives the two-pass log-probs and
+    gradients (bf16 to its rounding)."""
+    model = load_causal_lm(qwen_dir).cuda().train()
+    batch = grouped.index(torch.randperm(12, generator=torch.Generator().manual_seed(3)))
+    batch = batch.to("cuda")
+    calls = _spy(monkeypatch)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        packed = _outputs(model, batch, 1.0)
+        monkeypatch.setattr(packing, "MAX_PACKED", 0)
+        two_pass = _outputs(model, batch, 1.0)
+    assert calls == [5]
+    atol = 2e-2 if autocast else 1e-5
+    torch.testing.assert_close(packed[0], two_pass[0], atol=atol, rtol=0)
+    for name, g in two_pass[2].items():
+        torch.testing.assert_close(packed[2][name], g, atol=atol, rtol=atol, msg=name)

@@ -81,7 +81,8 @@ def test_dtype_is_named_for_a_bf16_engine(tiny_workspace, tiny_overrides, tmp_pa
 
 def test_a_batch_shape_dependent_model_is_named(tiny_workspace, tiny_overrides, tmp_path, caplog):
     """A batch-variant kernel: the final norm's output scales with the rows of its batch, and
-    the trainer scores 2 rows at a time while the engine generates 8."""
+    the trainer scores 2 rows at a time (a group of 2: one packed sequence) while the engine
+    decodes 8; recomputing with every row its own sequence names it."""
     trainer = _trainer(tiny_workspace, tiny_overrides, tmp_path, "trainer.parity_threshold=1e-3",
                        "rollout.log_prob_micro_batch_size=2")  # fmt: skip
     norm = trainer.parts.policy.model.norm

@@ -518,6 +518,7 @@ def compute_log_probs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     chunk_size: int | None = None,
+    share_prompts: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the responses, without grad, in eval mode, micro-batched.
 
@@ -532,6 +533,7 @@ def compute_log_probs(
         temperature: the sampling temperature the logits are divided by.
         with_entropy: also return the per-token entropy.
         chunk_size: rows per chunk in :mod:`lmrl.algos.logprob`.
+        share_prompts: as in `forward_log_probs`.
 
     Returns:
         ``(log_probs, entropy)``: (B, T) fp32 on the batch's device, 0 at padded response
@@ -543,7 +545,9 @@ def compute_log_probs(
     log_probs, entropies = [], []
     with torch.no_grad(), eval_mode(model):
         for piece in micro_batches(batch, micro_batch_size, keys):
-            lp, ent = forward_log_probs(model, piece, temperature, with_entropy, chunk_size)
+            lp, ent = forward_log_probs(
+                model, piece, temperature, with_entropy, chunk_size, share_prompts
+            )
             log_probs.append(lp.to(out_device))
             if ent is not None:
                 entropies.append(ent.to(out_device))

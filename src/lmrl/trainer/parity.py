@@ -13,9 +13,11 @@ conclusive probe first:
     3 dtype         the engine (or the trainer's autocast) computes below fp32, and its
                     log-probs of the same tokens move from the fp32 recompute by at least half
                     the gap (reuses probe 2's scores; one fp32 pass of the actor when mixed)
-    4 micro_batch   the actor's log-probs recomputed with 1 row per micro-batch (no padding)
-                    and with all rows in one, move by at least half the gap: the model's
-                    output depends on the batch shape or its padding
+    4 micro_batch   the actor's log-probs recomputed with 1 row per micro-batch (no padding),
+                    with all rows in one, and with all rows in one with no prompt shared or
+                    packed (every row its own sequence, as the engine's decode has them), move
+                    by at least half the gap: the model's output depends on the batch shape or
+                    its padding
 
 and ``unknown``, with every figure, when none does. The message is one line, logged as a
 warning (as the health warnings are) and the figures are metrics at that step (``parity/``).
@@ -147,13 +149,15 @@ class _Run:
     def explains(self, share: float) -> bool:
         return share >= EXPLAINS * self.gap
 
-    def actor_scores(self, micro: int, fp32: bool = False) -> torch.Tensor:
+    def actor_scores(self, micro: int, fp32: bool = False, share: bool = True) -> torch.Tensor:
         """(B, T) the actor's log-probs of the batch with ``micro`` rows per forward, in its
-        compute dtype (or with autocast off when ``fp32``)."""
+        compute dtype (or with autocast off when ``fp32``), each row its own sequence unless
+        ``share`` (prompts shared or packed, as the trainer scores)."""
         a = self.actor
         context = contextlib.nullcontext() if fp32 else a.autocast()
         with a.dp.full_params(a.model), context:
-            return compute_log_probs(a.model, self.batch, micro, a.temperature)[0]
+            return compute_log_probs(a.model, self.batch, micro, a.temperature,
+                                     share_prompts=share)[0]  # fmt: skip
 
     @property
     def micro(self) -> int:
@@ -240,15 +244,18 @@ class _Run:
         )
 
     def micro_batch(self) -> Diagnosis | None:
-        shapes = {1, len(self.batch)} - {self.micro}
-        shift = max(_mean_abs(self.actor_scores(m), self.old, self.mask) for m in shapes)
+        rows = len(self.batch)
+        scores = [self.actor_scores(m) for m in {1, rows} - {self.micro}]
+        scores.append(self.actor_scores(rows, share=False))
+        shift = max(_mean_abs(score, self.old, self.mask) for score in scores)
         self.figures["parity/micro_batch_shift"] = shift
         if not self.explains(shift):
             return None
         return Diagnosis(
             "micro_batch",
             f"recomputing the actor's log-probs with another micro-batch (1 row, no padding, "
-            f"or all rows) moves them by {shift:.4g}: the model's output depends on the batch "
+            f"or all rows, shared prompts or not) moves them by {shift:.4g}: the model's output "
+            "depends on the batch "
             "shape or its padding; check position_ids and the attention mask under left "
             "padding, and the attention implementation (batch-variant kernels)",
         )
