@@ -67,10 +67,15 @@ def packable(model: nn.Module) -> bool:
 def pack_pays(width: int, lengths: torch.Tensor, inverse: torch.Tensor, groups: int) -> bool:
     """Packing is used when the longest packed row (``width`` prompt columns plus the response
     tokens of its rows but their last) is at most `MAX_PACKED` tokens."""
+    return width + int(_segments(lengths, inverse, groups)[1].max()) <= MAX_PACKED
+
+
+def _segments(lengths: torch.Tensor, inverse: torch.Tensor, groups: int):
+    """Each row's packed tokens (its response but the last token, which predicts nothing
+    scored), (B,), and their sum per group, (U,)."""
     segments = (lengths - 1).clamp(min=0)
-    per_group = torch.zeros(groups, dtype=segments.dtype, device=segments.device)
-    per_group.index_add_(0, inverse, segments)
-    return width + int(per_group.max()) <= MAX_PACKED
+    totals = torch.zeros(groups, dtype=segments.dtype, device=segments.device)
+    return segments, totals.index_add_(0, inverse, segments)
 
 
 def pack_groups(
@@ -95,14 +100,12 @@ def pack_groups(
     """
     device = input_ids.device
     groups, batch = len(first), len(inverse)
-    segments = (lengths - 1).clamp(min=0)  # the last response token predicts nothing scored
+    segments, group_total = _segments(lengths, inverse, groups)
     # Each row's segment offset inside its packed row: rows of a group in batch order.
     order = torch.argsort(inverse, stable=True)
     seg_sorted = segments[order]
     ends = seg_sorted.cumsum(0)
     group_start = torch.zeros(groups, dtype=torch.long, device=device)
-    group_total = torch.zeros(groups, dtype=torch.long, device=device)
-    group_total.index_add_(0, inverse, segments)
     group_start[1:] = group_total.cumsum(0)[:-1]
     offsets = torch.empty(batch, dtype=torch.long, device=device)
     offsets[order] = ends - seg_sorted - group_start[inverse[order]] + width
