@@ -528,7 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo",
         help="tiny model, SFT warm start, then GRPO on the CPU: digits (~1 min), "
-        "--task search (~5 min) or --task flow (images, ~4 min)",
+        "--task search (~5 min) or --task flow (images, ~3 min)",
     )
     p.add_argument("--task", choices=["digits", "search", "flow"], default="digits",
                    help="digits (reverse digits), search (answer by searching a corpus, "

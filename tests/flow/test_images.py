@@ -152,3 +152,36 @@ def test_the_image_model_saves_and_loads(tmp_path):
     (tmp_path / "run" / "global_step_3").mkdir(parents=True)
     with pytest.raises(ModelError, match="it is a checkpoint of a run: give that run's final/"):
         ImageFlow.load(tmp_path / "run" / "global_step_3")
+
+
+def test_the_image_model_sees_where_each_pixel_is(tmp_path):
+    """The U-Net's input holds each pixel's (y, x) in [-1, 1] after the image's channels, so
+    the same object drawn left and right is told apart; a model saved before the channels
+    existed (no ``coords`` in its config) loads without them."""
+    import json
+
+    from lmrl.flow.image_model import ImageFlow
+
+    torch.manual_seed(0)
+    model = ImageFlow(12, image_size=8, block_out_channels=(8, 16))
+    seen = []
+    model.unet.conv_in.register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    x, cond = torch.randn(2, 3, 8, 8), torch.zeros(2, 12)
+    model(x, torch.tensor([0.5, 0.5]), cond)
+    (inputs,) = seen
+    assert inputs.shape == (2, 5, 8, 8) and torch.equal(inputs[:, :3], x)
+    ramp = torch.linspace(-1, 1, 8)
+    assert torch.equal(inputs[1, 3], ramp[:, None].expand(8, 8))  # y: down the rows
+    assert torch.equal(inputs[1, 4], ramp[None, :].expand(8, 8))  # x: along a row
+
+    old = ImageFlow(12, image_size=8, block_out_channels=(8, 16), coords=False)
+    assert old.unet.conv_in.in_channels == 3
+    old.save(tmp_path / "old")
+    config = json.loads((tmp_path / "old" / "config.json").read_text())
+    del config["coords"]  # as written before the channels existed
+    (tmp_path / "old" / "config.json").write_text(json.dumps(config))
+    again = ImageFlow.load(tmp_path / "old")
+    assert again.config["coords"] is False
+    assert torch.equal(
+        again(x, torch.tensor([0.5, 0.5]), cond), old(x, torch.tensor([0.5, 0.5]), cond)
+    )

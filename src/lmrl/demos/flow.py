@@ -2,9 +2,10 @@
 
 1. ``data/``: the ``shapes`` task (prompts like "two red circles on the left", and
    ``images.parquet``, 4096 rendered images of such prompts);
-2. ``model/``: a 0.7M-parameter conditional U-Net (`lmrl.flow.ImageFlow`) pre-trained by flow
-   matching on those images for 150 steps (the analogue of SFT before RL): it draws the
-   prompt's colour but often misplaces the objects or draws the wrong number;
+2. ``model/``: a 0.7M-parameter conditional U-Net (`lmrl.flow.ImageFlow`, with each pixel's
+   coordinates as input channels) pre-trained by flow matching on those images for 150 steps
+   (the analogue of SFT before RL): it draws the prompt's colour but often misplaces the
+   objects or draws the wrong number;
 3. ``run/``: Flow-GRPO (`lmrl.trainer.flow.FlowTrainer` on the run loop: the run
    ``lmrl train-flow`` makes) with the GenEval-like rule reward: the fraction of four checks (colour, count, shape and
    position of the objects a small detector finds) that hold (``geneval``);
@@ -14,7 +15,8 @@
 
 The recipe (every run that led to it is in ``docs/flow.md``): Flow-GRPO-Fast's window of two
 SDE steps at the start of the trajectory (ODE after them, where the layout is decided), 16
-prompts x 16 images a step, four optimizer steps a batch, full fine-tuning at lr 3e-5.
+prompts x 16 images a step, four optimizer steps a batch, full fine-tuning at lr 3e-5, 50
+steps (the position climbs to 0.95-0.97 by then on seeds 0-2).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def run_flow_demo(
     seed: int = 0,
     fast: bool = False,
     pretrain_steps: int = 150,
-    rl_steps: int = 30,
+    rl_steps: int = 50,
     overrides: tuple[str, ...] = (),
     console: bool = True,
 ) -> dict[str, Any]:

@@ -4,9 +4,18 @@
 conditioned on a vector per image (the ``shapes`` task's multi-hot attributes; all zeros is the
 unconditional input of classifier-free guidance). The condition goes through a linear layer to
 the U-Net's time-embedding width and is added there (the U-Net's ``class_embed_type="identity"``),
-and ``t`` is scaled to the U-Net's 0-1000 timestep range. `save` / `load` write and read a
-directory (the U-Net's ``save_pretrained`` files and the projection), so a run resumes from it
-and a user can point a config at it.
+and ``t`` is scaled to the U-Net's 0-1000 timestep range.
+
+A convolution cannot tell where it is (it sees the same thing anywhere but at the zero-padded
+border), so a model told "on the left" has to learn where the left is from the border alone. With
+``coords`` (the default; CoordConv, Liu et al. 2018) two more input channels hold each pixel's
+(y, x) in [-1, 1]: measured on the ``shapes`` task (docs/flow.md), 150 steps of pre-training
+put the objects in the prompt's half in 0.73 and 0.60 of the images against 0.59 and 0.47
+without them (seeds 0 and 1), and Flow-GRPO moves the position further and faster. A model
+saved without the key (before the channels existed) loads as it was trained.
+
+`save` / `load` write and read a directory (the U-Net's ``save_pretrained`` files and the
+projection), so a run resumes from it and a user can point a config at it.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ class ImageFlow(nn.Module):
         channels: ``C``.
         block_out_channels: the U-Net's widths per resolution (the last level has attention).
         layers_per_block: residual blocks per level.
+        coords: give the U-Net each pixel's (y, x) as two more input channels.
     """
 
     def __init__(
@@ -38,6 +48,7 @@ class ImageFlow(nn.Module):
         channels: int = 3,
         block_out_channels: tuple[int, ...] = (32, 64),
         layers_per_block: int = 1,
+        coords: bool = True,
     ) -> None:
         super().__init__()
         from diffusers import UNet2DModel
@@ -48,11 +59,12 @@ class ImageFlow(nn.Module):
             "channels": channels,
             "block_out_channels": list(block_out_channels),
             "layers_per_block": layers_per_block,
+            "coords": coords,
         }
         levels = len(block_out_channels)
         self.unet = UNet2DModel(
             sample_size=image_size,
-            in_channels=channels,
+            in_channels=channels + (2 if coords else 0),
             out_channels=channels,
             block_out_channels=tuple(block_out_channels),
             layers_per_block=layers_per_block,
@@ -65,6 +77,12 @@ class ImageFlow(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         emb = self.cond_proj(cond.float())
+        if self.config["coords"]:
+            b, _, h, w = x.shape
+            ys = torch.linspace(-1, 1, h, device=x.device, dtype=x.dtype)
+            xs = torch.linspace(-1, 1, w, device=x.device, dtype=x.dtype)
+            grid = torch.stack(torch.meshgrid(ys, xs, indexing="ij"))  # (2, H, W): y, x
+            x = torch.cat([x, grid.expand(b, 2, h, w)], 1)
         return self.unet(x, t.float() * 1000, class_labels=emb).sample
 
     def save(self, path: str | Path) -> None:
@@ -104,6 +122,7 @@ class ImageFlow(nn.Module):
         config = json.loads(config_file.read_text())
         if config.pop("type", None) != "lmrl-image-flow":
             raise ModelError(f"{config_file} is not an lmrl image flow model's config")
+        config.setdefault("coords", False)  # saved before the coordinate channels existed
         try:
             model = cls(**config)
             model.load_state_dict(load_file(where / "model.safetensors"))
