@@ -311,31 +311,31 @@ class HFEngine(RolloutEngine):
             input_ids, full_mask[:, :prompt_len], position_ids, cache, first, inverse
         )
         steps = 0
-        for t in range(max_new):
-            token, token_logp = pick(logits, sampling, draws, t)
-            alive = ~finished
-            token = token.masked_fill(finished, self.pad_id)
-            responses[:, t] = token
-            response_mask[:, t] = alive
-            log_probs[:, t] = token_logp.masked_fill(finished, 0.0)
-            finished = finished | torch.isin(token, eos)
-            if sampling.stop:
-                ends = torch.full((rows,), t + 1, dtype=torch.long, device=device)
-                finished = finished | stop_hits(
-                    self.tokenizer, responses, ends, alive, sampling.stop, stop_width
-                )
-            steps = t + 1
-            if row_done is not None:  # the rows that stopped now, or all left at the limit
-                idx = (alive if steps == max_new else finished & alive).nonzero().flatten()
-                if len(idx):
-                    row_done(idx.cpu(), responses[idx, :steps], response_mask[idx, :steps],
-                             log_probs[idx, :steps])  # fmt: skip
-                left -= len(idx)  # the step's one host sync is the nonzero's, not a second
-                if left == 0:
+        with decode_attention_on(self.model):  # every forward below is a decode step
+            for t in range(max_new):
+                token, token_logp = pick(logits, sampling, draws, t)
+                alive = ~finished
+                token = token.masked_fill(finished, self.pad_id)
+                responses[:, t] = token
+                response_mask[:, t] = alive
+                log_probs[:, t] = token_logp.masked_fill(finished, 0.0)
+                finished = finished | torch.isin(token, eos)
+                if sampling.stop:
+                    ends = torch.full((rows,), t + 1, dtype=torch.long, device=device)
+                    finished = finished | stop_hits(
+                        self.tokenizer, responses, ends, alive, sampling.stop, stop_width
+                    )
+                steps = t + 1
+                if row_done is not None:  # the rows that stopped now, or all left at the limit
+                    idx = (alive if steps == max_new else finished & alive).nonzero().flatten()
+                    if len(idx):
+                        row_done(idx.cpu(), responses[idx, :steps], response_mask[idx, :steps],
+                                 log_probs[idx, :steps])  # fmt: skip
+                    left -= len(idx)  # the step's one host sync is the nonzero's, not a second
+                    if left == 0:
+                        break
+                elif steps == max_new or bool(finished.all()):
                     break
-            elif steps == max_new or bool(finished.all()):
-                break
-            with decode_attention_on(self.model):
                 logits = self._forward(
                     token[:, None],
                     full_mask[:, : prompt_len + t + 1],
