@@ -74,15 +74,16 @@ class ImageFlow(nn.Module):
             norm_num_groups=8,
         )
         self.cond_proj = nn.Linear(cond_dim, block_out_channels[0] * 4)
+        grid = None
+        if coords:  # (2, H, W): each pixel's y, then x; made once, moved with the model, not saved
+            ramp = torch.linspace(-1, 1, image_size)
+            grid = torch.stack(torch.meshgrid(ramp, ramp, indexing="ij"))
+        self.register_buffer("grid", grid, persistent=False)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
         emb = self.cond_proj(cond.float())
-        if self.config["coords"]:
-            b, _, h, w = x.shape
-            ys = torch.linspace(-1, 1, h, device=x.device, dtype=x.dtype)
-            xs = torch.linspace(-1, 1, w, device=x.device, dtype=x.dtype)
-            grid = torch.stack(torch.meshgrid(ys, xs, indexing="ij"))  # (2, H, W): y, x
-            x = torch.cat([x, grid.expand(b, 2, h, w)], 1)
+        if self.grid is not None:
+            x = torch.cat([x, self.grid.to(x.dtype).expand(x.shape[0], -1, -1, -1)], 1)
         return self.unet(x, t.float() * 1000, class_labels=emb).sample
 
     def save(self, path: str | Path) -> None:

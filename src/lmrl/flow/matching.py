@@ -92,13 +92,11 @@ def pretrain_image_flow(
     block_out_channels: tuple[int, ...] = (32, 64),
     cond_dropout: float = 0.1,
     log_every: int = 0,
-    coords: bool = True,
 ) -> tuple[ImageFlow, list[float]]:
     """Pre-train an `ImageFlow` on the ``shapes`` task's ``images.parquet`` and save it.
 
     The condition of an image is its prompt's attribute vector; ``cond_dropout`` of the rows
     see the zero vector (the unconditional input of guidance); the loop is `pretrain`'s.
-    ``coords``: the model's coordinate channels (`ImageFlow`).
 
     Returns:
         the model (saved in ``out_dir``) and the loss of every step.
@@ -110,7 +108,7 @@ def pretrain_image_flow(
     data = torch.tensor(pixels).permute(0, 3, 1, 2) * 2 - 1
     conds = torch.tensor(np.stack([attribute_vector(s) for s in specs]))
     model = ImageFlow(NUM_ATTRIBUTES, image_size=data.shape[-1], channels=data.shape[1],
-                      block_out_channels=block_out_channels, coords=coords)  # fmt: skip
+                      block_out_channels=block_out_channels)  # fmt: skip
 
     def batch(size: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.randint(len(data), (size,), generator=gen)
