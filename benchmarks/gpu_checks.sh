@@ -9,9 +9,8 @@
 #     omegaconf==2.4.0 antlr4-python3-runtime==4.13.2 math-verify==0.9.0 \
 #     latex2sympy2_extended==1.11.0 bm25s==0.3.16 dill==0.4.1 multiprocess==0.70.19 \
 #     importlib_metadata==9.1.0 pyvers==0.2.3 diffusers==0.42.1
-# (.whl is git-ignored through .git/info/exclude). Each step has its own timeout; together
-# they took under 6 minutes on an H200 (session 21), most important first. Results go to
-# $OUT.
+# (.whl is git-ignored through .git/info/exclude). Each step has its own timeout, most
+# important first; together at most 10 minutes (session 24's caps). Results go to $OUT.
 # `bash benchmarks/gpu_checks.sh flow [CAP]` runs issue 35's benchmark instead (86 s in
 # session 21): lmrl train-flow on a random pipeline of SD3.5 Medium's shape, Fast against
 # full; `... step15 [CAP]` the 1.5B shape of gpu_step (159 s). CAP: its timeout in seconds.
@@ -45,26 +44,27 @@ if [ "${1:-}" = step15 ]; then
     exit 0
 fi
 
-mark "static decode, packing, fused head and trainer gpu tests (issue 33)"
+mark "static decode, packing, shared prompts, fused head and trainer gpu tests (issue 33)"
 timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu --timeout=95 \
-    tests/rollout/test_static_decode.py tests/models/test_packing.py tests/algos/test_logprob.py \
-    tests/trainer/test_gpu.py > "$OUT/gpu_tests.log" 2>&1
+    tests/models/test_forward.py tests/rollout/test_static_decode.py tests/models/test_packing.py \
+    tests/algos/test_logprob.py tests/trainer/test_gpu.py > "$OUT/gpu_tests.log" 2>&1
 tail -4 "$OUT/gpu_tests.log"
 
-mark "gpu_decode: the hf engine's decode paths at the Qwen2.5-0.5B shape (issue 33)"
-timeout 110 python3 benchmarks/gpu_decode.py --out "$OUT/gpu_decode.json" \
-    > "$OUT/gpu_decode.log" 2>&1
-tail -12 "$OUT/gpu_decode.log"
+# Session 24: lmrl's 1.5B update took 8.34 s with prompts shared under checkpointing (6.30 s in
+# session 21 without, older code), and both profiled gpu_step children ran out of time.
+# gpu_update times the update alone, the variants alternating on one batch: is sharing under
+# checkpointing faster on CUDA (then add "cuda" to CHECKPOINTED_SHARING_DEVICES), and what
+# does recompute cost? (`--ragged` repeats it with prompts of different lengths.)
+mark "gpu_update 1.5B: checkpointed shared / unshared, no checkpointing; profile (issue 33)"
+timeout 200 python3 benchmarks/gpu_update.py --shape 1.5b --rounds 2 --profile ckpt:shared \
+    --work /tmp/gu --out "$OUT/gpu_update.json" > "$OUT/gpu_update.log" 2>&1
+tail -9 "$OUT/gpu_update.log"
+head -30 "$OUT/gpu_update_profile_ckpt_shared.txt" 2>/dev/null
 
-mark "gpu_step 0.5B, lmrl (graphs decode, one more step profiled) then TRL (issue 33)"
-timeout 170 python3 benchmarks/gpu_step.py --shapes 0.5b --sides lmrl,trl --warmup 1 \
-    --steps 2 --budget 160 --child-timeout 150 --out "$OUT/gpu_step.json" --work /tmp/gs \
-    --profile --lmrl-args rollout.hf.decode=graphs > "$OUT/gpu_step.log" 2>&1
-tail -16 "$OUT/gpu_step.log"
-head -30 "$OUT/gpu_step_profile_0.5b.txt" 2>/dev/null
-
-mark "SD3.5-M-shaped train-flow test (issue 35)"
-timeout 200 python3 -m pytest -q -s -p no:cacheprovider -m gpu --timeout=195 \
-    tests/flow/test_sd3.py -k sd35 > "$OUT/flow_gpu_test.log" 2>&1
-tail -8 "$OUT/flow_gpu_test.log"
+# TRL's 1.5B side needed more than 100 s of wall time in session 24.
+mark "gpu_step 1.5B: lmrl, then TRL (issue 33)"
+timeout 250 python3 benchmarks/gpu_step.py --shapes 1.5b --sides lmrl,trl --warmup 1 \
+    --steps 1 --budget 240 --child-timeout 160 --out "$OUT/gpu_step_15.json" --work /tmp/gs \
+    --lmrl-args rollout.hf.decode=graphs > "$OUT/gpu_step_15.log" 2>&1
+tail -18 "$OUT/gpu_step_15.log"
 mark done

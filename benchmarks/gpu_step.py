@@ -24,7 +24,9 @@ shape's model (on the device, in bf16) and the prompts once into ``--work``; bot
 that directory. lmrl runs its real trainer (``Trainer(build_run(load_config(None,
 overrides)))``, as ``lmrl train`` builds it, stepped with ``Trainer.step``: ``fit`` would also
 write a final checkpoint); ``--lmrl-args`` adds ``key=value`` overrides. TRL runs
-``GRPOTrainer.train``.
+``GRPOTrainer.train``. Under gradient checkpointing lmrl shares a group's prompt pass on a CPU
+only (``lmrl.models.forward.CHECKPOINTED_SHARING_DEVICES``); for an A/B in one run, the side
+``lmrl-shared`` shares it on any device and ``lmrl-unshared`` on none.
 
 Timing (``--warmup`` untimed steps, then ``--steps`` timed; each figure is the median over
 the timed steps; steps end after a ``torch.cuda.synchronize``):
@@ -89,6 +91,7 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
     "1.5b": (1536, 28, 12, 2, 8960, 151_936),  # Qwen2.5-1.5B
     "tiny": (64, 2, 4, 2, 128, 151_936),  # CPU smoke
 }
+LMRL_SIDES = ("lmrl", "lmrl-shared", "lmrl-unshared")  # lmrl as is, prompts shared or not
 # device-name fragment -> (bf16 dense peak FLOP/s, HBM bytes/s)
 CARDS = {"H200": (989.4e12, 4.8e12), "H100 80GB HBM3": (989.4e12, 3.35e12),
          "H100 SXM": (989.4e12, 3.35e12)}  # fmt: skip
@@ -262,14 +265,10 @@ def sync(device: str, reset_peak: bool = False) -> None:
             torch.cuda.reset_peak_memory_stats()
 
 
-def run_lmrl(s: Setting, work: Path) -> dict:
-    import torch
-
-    from lmrl.config import load_config
-    from lmrl.trainer import Trainer, build_run
-
-    total = s.warmup + s.steps
-    overrides = [
+def lmrl_overrides(s: Setting, work: Path, steps: int) -> list[str]:
+    """lmrl's config for setting ``s`` on the models and prompts in ``work``: the recipe of the
+    module docstring, ``steps`` training steps, then ``s.lmrl_args``."""
+    return [
         f"model.path={work / s.shape}", "model.dtype=bfloat16",
         f"model.enable_gradient_checkpointing={str(s.grad_ckpt).lower()}",
         f"data.train_files={work / 'prompts.jsonl'}", f"data.max_prompt_length={s.prompt_len}",
@@ -286,12 +285,27 @@ def run_lmrl(s: Setting, work: Path) -> dict:
         "actor.optim.lr_scheduler=constant",
         f"reward.custom_reward_function.path={Path(__file__).resolve()}",
         "reward.custom_reward_function.name=token_reward", "reward.num_workers=0",
-        f"trainer.total_training_steps={total + bool(s.profile)}", "trainer.save_freq=-1",
+        f"trainer.total_training_steps={steps}", "trainer.save_freq=-1",
         "trainer.test_freq=-1", "trainer.resume_mode=disable", "trainer.logger=[]",
         f"trainer.default_local_dir={work / 'runs' / f'lmrl-{s.shape}-{os.getpid()}'}",
         f"trainer.device={s.device}", f"trainer.seed={s.seed}",
         *s.lmrl_args,
     ]  # fmt: skip
+
+
+def run_lmrl(s: Setting, work: Path, side: str = "lmrl") -> dict:
+    import torch
+
+    import lmrl.models.forward
+    from lmrl.config import load_config
+    from lmrl.trainer import Trainer, build_run
+
+    if side != "lmrl":  # where prompts are shared under checkpointing: everywhere, or nowhere
+        sharing = ("cpu", "cuda") if side == "lmrl-shared" else ()
+        lmrl.models.forward.CHECKPOINTED_SHARING_DEVICES = sharing
+
+    total = s.warmup + s.steps
+    overrides = lmrl_overrides(s, work, total + bool(s.profile))
     cfg = load_config(None, overrides)
     trainer = Trainer(build_run(cfg), cfg.trainer)
     sync(s.device)
@@ -311,15 +325,29 @@ def run_lmrl(s: Setting, work: Path) -> dict:
         resp = int(batch["response_mask"].sum())
         tokens.append([int(batch["attention_mask"].sum()) - resp, resp])  # (prompt, response)
     params = sum(p.numel() for p in trainer.parts.actor.model.parameters())
-    if s.profile:  # an untimed step under the profiler: where the kernels' time goes
+    if s.profile:  # one untimed step more, its actor update under the profiler
         kinds = [torch.profiler.ProfilerActivity.CPU]
         kinds += [torch.profiler.ProfilerActivity.CUDA] if s.device == "cuda" else []
-        with torch.profiler.profile(activities=kinds) as prof:
-            stage = trainer.step()
-            sync(s.device)
-        key = "self_cuda_time_total" if s.device == "cuda" else "self_cpu_time_total"
+        actor, profiles = trainer.parts.actor, []
+        update_actor = actor.update_actor
+
+        def profiled(*args, **kwargs):  # the generation's graph replays stay out of it
+            with torch.profiler.profile(activities=kinds) as prof:
+                out = update_actor(*args, **kwargs)
+                sync(s.device)
+            profiles.append(prof)
+            return out
+
+        actor.update_actor = profiled
+        clock = time.perf_counter()
+        stage = trainer.step()
+        sync(s.device)
+        # Two H200 runs of session 24 timed out inside this block: say where the time goes.
+        print(f"profiled step: {time.perf_counter() - clock:.0f}s", file=sys.stderr, flush=True)
+        key = "self_device_time_total" if s.device == "cuda" else "self_cpu_time_total"
         stages_line = {k: round(v, 3) for k, v in stage.items() if "timing_s/" in k}
-        table = prof.key_averages().table(sort_by=key, row_limit=40)
+        table = profiles[0].key_averages().table(sort_by=key, row_limit=40)
+        print(f"profile table: {time.perf_counter() - clock:.0f}s", file=sys.stderr, flush=True)
         Path(s.profile).write_text(f"{stages_line}\n{table}\n")
     trainer.close()
     steps = [b - a for a, b in itertools.pairwise(ends)]
@@ -416,7 +444,10 @@ def child(args) -> None:
     if args.prepare:
         result = prepare(s, args.prepare.split(","), Path(args.work))
     else:
-        result = (run_lmrl if args.side == "lmrl" else run_trl)(s, Path(args.work))
+        if args.side == "trl":
+            result = run_trl(s, Path(args.work))
+        else:
+            result = run_lmrl(s, Path(args.work), args.side)
     if s.device == "cuda":
         result["peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -517,7 +548,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=Setting.lr)
     p.add_argument("--lmrl-args", nargs="*", default=[], help="extra key=value for lmrl")
     p.add_argument("--profile", action="store_true",
-                   help="lmrl: profile one untimed step more, OUT_profile_SHAPE.txt")  # fmt: skip
+                   help="lmrl: profile the update of one untimed step more, OUT_profile_SHAPE_SIDE.txt")  # fmt: skip
     p.add_argument("--peak-tflops", type=float, help="bf16 dense peak, if not in CARDS")
     p.add_argument("--hbm-tbps", type=float, help="HBM bandwidth in TB/s, if not in CARDS")
     p.add_argument("--child-timeout", type=float, default=300, help="seconds per side")
@@ -525,7 +556,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads (--device cpu)")
     p.add_argument("--work", help="models and prompts (default: a temp dir)")
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "gpu_step.json"))
-    p.add_argument("--side", choices=["lmrl", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--side", choices=[*LMRL_SIDES, "trl"], help=argparse.SUPPRESS)
     p.add_argument("--prepare", help=argparse.SUPPRESS)
     p.add_argument("--setting", help=argparse.SUPPRESS)
     p.add_argument("--json", help=argparse.SUPPRESS)
@@ -539,7 +570,7 @@ def main() -> None:
         return
 
     shapes, sides = args.shapes.split(","), args.sides.split(",")
-    if unknown := set(shapes) - set(SHAPES) or set(sides) - {"lmrl", "trl"}:
+    if unknown := set(shapes) - set(SHAPES) or set(sides) - {*LMRL_SIDES, "trl"}:
         p.error(f"unknown shapes or sides {sorted(unknown)}; shapes: {list(SHAPES)}")
     base = Setting(shape=shapes[0], **{k: getattr(args, k) for k in INT_ARGS},
                    grad_ckpt=not args.no_grad_ckpt, lr=args.lr, device=args.device,
@@ -573,10 +604,10 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     for shape in shapes:
         s = Setting(**(asdict(base) | {"shape": shape}))
-        if args.profile:
-            s.profile = str(out.with_name(f"{out.stem}_profile_{shape}.txt"))
         results = report["results"].setdefault(shape, {})
         for side in sides:  # lmrl, then TRL, each a fresh process
+            if args.profile and side != "trl":
+                s.profile = str(out.with_name(f"{out.stem}_profile_{shape}_{side}.txt"))
             if args.budget - (time.perf_counter() - start) < 30:
                 r = {"error": f"not run: --budget {args.budget:.0f}s spent"}
             else:

@@ -61,14 +61,16 @@ def _random_head(critic):
     return critic
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
 @pytest.mark.parametrize("packed", [True, False])
 @pytest.mark.parametrize("arch", ["qwen", "llama"])
 def test_shared_prompts_give_the_full_forwards_values_and_gradients(
-    arch, packed, qwen_dir, llama_dir, grouped, monkeypatch
+    arch, packed, checkpointing, qwen_dir, llama_dir, grouped, monkeypatch
 ):
     """GRPO-style groups: each prompt runs once (packed with its responses in one pass, or a
-    prompt pass then a response pass), and the values and every parameter's gradient are the
-    full forward's; the no-grad path (micro-batches splitting groups) too."""
+    prompt pass then a response pass; with gradient checkpointing too), and the values and
+    every parameter's gradient are the full forward's (not checkpointed); the no-grad path
+    (micro-batches splitting groups) too."""
     if not packed:
         monkeypatch.setattr(packing, "MAX_PACKED", 0)
     path = qwen_dir if arch == "qwen" else llama_dir
@@ -76,7 +78,8 @@ def test_shared_prompts_give_the_full_forwards_values_and_gradients(
     weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
     results = []
     for share in (True, False):
-        critic = _random_head(load_critic(path)).train()
+        critic = _random_head(load_critic(path, gradient_checkpointing=checkpointing and share))
+        critic.train()
         calls: list[torch.Tensor] = []
 
         def record(module, args, kwargs, out, calls=calls):  # rows of each backbone pass
@@ -101,7 +104,8 @@ def test_shared_prompts_give_the_full_forwards_values_and_gradients(
 def test_the_full_forward_runs_where_the_head_is_not_plain(qwen_dir):
     critic = load_critic(qwen_dir)
     assert value_head(critic) == (critic.base_model, critic.score)
-    assert value_head(load_critic(qwen_dir, gradient_checkpointing=True)) is None
+    checkpointed = load_critic(qwen_dir, gradient_checkpointing=True)  # shares prompts too
+    assert value_head(checkpointed) == (checkpointed.base_model, checkpointed.score)
     critic.dropout.p = 0.1  # an active dropout before the head: the model's own forward
     assert value_head(critic.train()) is None and value_head(critic.eval()) is not None
     critic.score.register_forward_hook(lambda *a: None)

@@ -26,6 +26,7 @@ from lmrl.models.forward import (
     fused_head,
     prompt_groups,
 )
+from lmrl.models.prefix import prefix_cache
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -207,12 +208,92 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(
     assert not [m for m in said if "past_key_values" in m], said
 
 
-def test_can_share_prompts_only_without_checkpointing_or_sliding_windows(qwen_dir):
+def test_can_share_prompts_without_sliding_windows_and_checkpointed_where_tested(
+    qwen_dir, monkeypatch
+):
+    import lmrl.models.forward as forward_mod
+
     assert can_share_prompts(load_causal_lm(qwen_dir))
-    assert not can_share_prompts(load_causal_lm(qwen_dir, gradient_checkpointing=True))
+    checkpointed = load_causal_lm(qwen_dir, gradient_checkpointing=True)
+    assert can_share_prompts(checkpointed)
+    monkeypatch.setattr(forward_mod, "CHECKPOINTED_SHARING_DEVICES", ())  # not measured there
+    assert not can_share_prompts(checkpointed)
+    assert can_share_prompts(load_causal_lm(qwen_dir))  # not checkpointed: shared anywhere
+    monkeypatch.setattr(forward_mod, "CHECKPOINTED_SHARING_DEVICES", ("cpu",))
+    checkpointed.config.model_type = "gemma"  # checkpointed layers not tested to keep a cache
+    assert not can_share_prompts(checkpointed)
     sliding = load_causal_lm(qwen_dir)
     sliding.config.layer_types = ["sliding_attention", "full_attention"]
     assert not can_share_prompts(sliding)
+
+
+def _checkpointed_shared_and_full(path, batch, lora, monkeypatch, device="cpu"):
+    """Log-probs, entropy and gradients of a checkpointed model sharing its prompts (the prompt
+    pass and the response pass) and of the same model's full forward, not checkpointed, with
+    the checkpointed model; asserts that the prompts were shared."""
+    import lmrl.models.forward as forward_mod
+    from lmrl.models import packing
+
+    monkeypatch.setattr(packing, "MAX_PACKED", 0)  # the two passes, not one packed pass
+    passes = []
+    monkeypatch.setattr(
+        forward_mod, "prefix_cache", lambda *a: passes.append(1) or prefix_cache(*a)
+    )
+    batch = batch.to(device)
+    weights = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(2))
+    results = []
+    for checkpointing in (True, False):
+        model = load_causal_lm(path, gradient_checkpointing=checkpointing)
+        if lora:  # in float64: the perturbed adapter's gradients reach ~70
+            model = _perturbed(apply_lora(model.double(), 4, 8))
+        model.to(device).train()
+        logp, ent = forward_log_probs(
+            model, batch, 0.7, with_entropy=True, share_prompts=checkpointing
+        )
+        ((logp * weights.to(device)).sum() + 0.1 * (ent * weights.to(device)).sum()).backward()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        results.append((logp.detach(), ent.detach(), grads))
+    assert passes == [1]  # the checkpointed run shared its prompts
+    return (*results[0], model), results[1]
+
+
+@pytest.mark.parametrize(("arch", "lora"), [("qwen", False), ("llama", False), ("qwen", True)])
+def test_shared_prompts_under_gradient_checkpointing_equal_the_full_forward(
+    arch, lora, qwen_dir, llama_dir, grouped, monkeypatch
+):
+    """The prompt pass and the response pass with checkpointed layers (the backward replays
+    each layer with its cache): the full forward's log-probs, entropy and every gradient, the
+    rows shuffled; the layers' own rule on caches is back afterwards."""
+    path = qwen_dir if arch == "qwen" else llama_dir
+    batch = grouped.index(torch.randperm(12, generator=torch.Generator().manual_seed(3)))
+    (logp, ent, grads, model), (ref_logp, ref_ent, ref_grads) = _checkpointed_shared_and_full(
+        path, batch, lora, monkeypatch
+    )
+    torch.testing.assert_close(logp, ref_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-5, rtol=0)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, atol=1e-5, rtol=1e-5, msg=name)
+    layers = [m for m in model.modules() if hasattr(m, "_can_checkpoint_with_cache")]
+    assert layers and not any("_can_checkpoint_with_cache" in vars(m) for m in layers)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_shared_prompts_under_gradient_checkpointing_on_cuda(qwen_dir, grouped, monkeypatch):
+    """The same on CUDA (where it is not the default yet: the benchmark's ``lmrl-shared`` side
+    turns it on), in fp32, with the transformers release installed there."""
+    import lmrl.models.forward as forward_mod
+
+    monkeypatch.setattr(forward_mod, "CHECKPOINTED_SHARING_DEVICES", ("cpu", "cuda"))
+    batch = grouped.index(torch.randperm(12, generator=torch.Generator().manual_seed(3)))
+    (logp, ent, grads, _), (ref_logp, ref_ent, ref_grads) = _checkpointed_shared_and_full(
+        qwen_dir, batch, False, monkeypatch, device="cuda"
+    )
+    torch.testing.assert_close(logp, ref_logp, atol=1e-4, rtol=0)
+    torch.testing.assert_close(ent, ref_ent, atol=1e-4, rtol=0)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, atol=1e-4 * g.abs().max(), rtol=1e-4, msg=name)
 
 
 # ----------------------------------------------------------------- full KL to a reference

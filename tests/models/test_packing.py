@@ -84,6 +84,7 @@ def _outputs(model, batch, temperature, **kwargs):
     mask = batch["response_mask"]
     weights = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2))
     logp, ent = forward_log_probs(model, batch, temperature, with_entropy=True, **kwargs)
+    weights = weights.to(logp.device)
     ((logp * weights).sum() + 0.1 * (ent * weights).sum()).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)

@@ -174,6 +174,11 @@ def test_modes_and_fallbacks(model, caplog):
     assert sum("needs CUDA" in r.message for r in caplog.records) == 1  # said once
     with pytest.raises(ValueError, match="decode must be one of"):
         HFEngine(model, decode="fast")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="lmrl.rollout.static"):
+        static_mod._WARNED.clear()
+        HFEngine(model, decode="graphs")  # on a GPU that will decode with graphs: no fallback
+    assert not caplog.records  # said only where a CPU decodes (above)
     assert static_supported(model) is None
     model.config._attn_implementation = "flash_attention_2"
     assert "4D" in static_supported(model)

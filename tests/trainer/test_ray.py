@@ -250,18 +250,22 @@ def test_ctrl_c_of_the_terminal_saves_and_stops_every_ray_process(
 
 
 def test_fsdp2_with_gradient_checkpointing_on_two_ray_workers_equals_one_process(
-    tiny_workspace, tiny_overrides, tmp_path
+    tiny_workspace, tiny_overrides, tmp_path, monkeypatch
 ):
     """PPO with a KL loss, the actor, its reference and the critic sharded over 2 Ray ranks for
     2 steps, the 3rd in one process from that checkpoint: the weights of the 3-step local run
     (a sharded checkpoint loads under the local backend).
 
-    Gradient checkpointing on in both: it keeps working under ``fully_shard``, and it turns off
-    the local run's shared-prompt prefill, which FSDP2 does not take (its log-probs come from
-    the model's own logits). The two paths are equal in exact arithmetic but not to 1e-5 here:
-    Hugging Face's RMSNorm rounds through float32 even in a float64 model, and Adam enlarges
-    the different roundings of two summation orders.
+    Gradient checkpointing on in both: it keeps working under ``fully_shard``. The local runs
+    (in this process) do not share prompts, which FSDP2 does not take (its log-probs come from
+    the model's own logits; a CPU shares them under checkpointing by default). The two paths
+    are equal in exact arithmetic but not to 1e-5 here: Hugging Face's RMSNorm rounds through
+    float32 even in a float64 model, and Adam enlarges the different roundings of two
+    summation orders.
     """
+    import lmrl.models.forward
+
+    monkeypatch.setattr(lmrl.models.forward, "CHECKPOINTED_SHARING_DEVICES", ())
     recipe = ("model.enable_gradient_checkpointing=true", "algorithm.adv_estimator=gae",
               "critic.optim.lr=1e-2", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.5")  # fmt: skip
     sharded = (*RAY, "actor.strategy=fsdp2", "critic.strategy=fsdp2")

@@ -19,11 +19,12 @@ position ``P - 1 + t``. Two choices keep this cheap:
   all ``G`` responses flow back into the one prompt pass), and only the response tokens run per
   row. A step's forward and backward then cost ``P + G * T`` tokens per group instead of
   ``G * (P + T)``; the maths is the same attention over the same keys (equal to the full
-  forward up to float rounding). Used on the fused-head path, without gradient checkpointing,
-  on models whose layers all attend to the full past (`can_share_prompts`). Where it pays
-  (`lmrl.models.packing`: short packed rows, an sdpa model), each prompt and its responses go
-  through the backbone as one packed row instead (one pass, no padding between responses);
-  otherwise a prompt pass and a response pass (`shared_prompt_hidden`);
+  forward up to float rounding). Used on the fused-head path, on models whose layers all attend
+  to the full past; under gradient checkpointing for the tested model types on a CPU
+  (`can_share_prompts`; `lmrl.models.prefix` makes the two passes' caches safe to replay).
+  Where it pays (`lmrl.models.packing`: short packed rows, an sdpa model), each prompt and its
+  responses go through the backbone as one packed row instead (one pass, no padding between
+  responses); otherwise a prompt pass and a response pass (`shared_prompt_hidden`);
 - the exact KL to a reference (`forward_log_probs_and_kl`, the actor's ``kl_loss_type=full``)
   takes the reference's hidden states for the same micro-batch (no grad) and fuses both heads
   into the same token chunks, so it adds no (B, T, V) tensor either.
@@ -48,6 +49,7 @@ from torch import nn
 from lmrl.algos.kl import full_kl_from_hidden
 from lmrl.algos.logprob import full_kl_from_logits, log_probs_from_hidden, log_probs_from_logits
 from lmrl.models.packing import pack_groups, pack_pays, packable, packed_hidden
+from lmrl.models.prefix import prefix_cache, prompt_cache, replayable_cache
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
 # Config fields of models whose logits are not just ``lm_head(hidden)``.
@@ -57,6 +59,15 @@ LOGIT_TRANSFORMS = (
     "logits_scaling",
     "lm_head_multiplier",
 )
+# Model types whose decoder layers, checkpointed, are tested to keep `lmrl.models.prefix`'s
+# caches (qwen2, llama; mistral and qwen3 share their layer code): prompts are shared there
+# under gradient checkpointing too, on the devices where that was measured to pay: a CPU (an
+# update 3.9 s against 5.1 s, docs/performance.md). On CUDA the full pass of a micro-batch
+# without padding attends with flash attention and the response pass with a mask; one H200 run
+# of the 1.5B shape with sharing had a slower update than session 21's without it (8.34 s
+# against 6.30 s, other code changed too), and the A/B did not finish: not shared there yet.
+CHECKPOINTED_SHARING_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+CHECKPOINTED_SHARING_DEVICES = ("cpu",)
 
 
 class ReferencePolicy(Protocol):
@@ -190,12 +201,6 @@ def _cache_keyword_of(cls: type) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def output_cache(output):
-    """The key/value cache of a model output, under either name (see `cache_keyword`)."""
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else output.past_key_values
-
-
 def is_sharded(model: nn.Module) -> bool:
     """The model is FSDP2-sharded (``fully_shard``)."""
     try:
@@ -266,14 +271,21 @@ def distinct_rows(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def can_share_prompts(model: nn.Module) -> bool:
-    """Whether `shared_prompt_hidden` applies: no gradient checkpointing (it recomputes layers
-    without the cache) and every layer attends to the full past (a sliding-window layer's
-    cache keeps only the window, so a prompt longer than it would not match the full pass)."""
-    if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
-        return False
+    """Whether `shared_prompt_hidden` applies: every layer attends to the full past (a
+    sliding-window layer's cache keeps only the window, so a prompt longer than it would not
+    match the full pass), and under gradient checkpointing the model is of a type whose
+    checkpointed decoder layers are tested to keep `lmrl.models.prefix`'s caches, on a device
+    of `CHECKPOINTED_SHARING_DEVICES`."""
     config = getattr(unwrap(model), "config", None)
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    return all(t == "full_attention" for t in layer_types)
+    if any(t != "full_attention" for t in layer_types):
+        return False
+    if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
+        return (
+            getattr(config, "model_type", None) in CHECKPOINTED_SHARING_TYPES
+            and compute_device(model).type in CHECKPOINTED_SHARING_DEVICES
+        )
+    return True
 
 
 def shared_prompt_hidden(
@@ -291,24 +303,26 @@ def shared_prompt_hidden(
         tokens ``0 .. kept-1`` (the last prompt position, then the responses but the last).
     """
     width = trimmed.start + 1
-    prompt = backbone(
-        input_ids=trimmed.input_ids[first, :width],
-        attention_mask=trimmed.attention_mask[first, :width].long(),
-        position_ids=trimmed.position_ids[first, :width],
-        use_cache=True,
-    )
-    cache = output_cache(prompt)
-    cache.reorder_cache(inverse)  # (U, heads, P', d) -> (B, heads, P', d), differentiable
-    last = prompt.last_hidden_state[inverse, -1:]  # (B, 1, H)
-    if trimmed.kept == 1:
-        return last
-    responses = backbone(
-        input_ids=trimmed.input_ids[:, width : width + trimmed.kept - 1],
-        attention_mask=trimmed.attention_mask[:, : width + trimmed.kept - 1].long(),
-        position_ids=trimmed.position_ids[:, width : width + trimmed.kept - 1],
-        use_cache=True,
-        **{cache_keyword(backbone): cache},
-    )
+    keyword = cache_keyword(backbone)
+    with replayable_cache(backbone):
+        cache = prompt_cache(backbone.config.num_hidden_layers)
+        prompt = backbone(
+            input_ids=trimmed.input_ids[first, :width],
+            attention_mask=trimmed.attention_mask[first, :width].long(),
+            position_ids=trimmed.position_ids[first, :width],
+            use_cache=False,  # the cache passed is the one filled and read
+            **{keyword: cache},
+        )
+        last = prompt.last_hidden_state[inverse, -1:]  # (B, 1, H)
+        if trimmed.kept == 1:
+            return last
+        responses = backbone(
+            input_ids=trimmed.input_ids[:, width : width + trimmed.kept - 1],
+            attention_mask=trimmed.attention_mask[:, : width + trimmed.kept - 1].long(),
+            position_ids=trimmed.position_ids[:, width : width + trimmed.kept - 1],
+            use_cache=False,  # the cache passed is the one filled and read
+            **{keyword: prefix_cache(cache, inverse)},  # (U, ...) -> (B, ...), differentiable
+        )
     return torch.cat([last, responses.last_hidden_state], dim=1)
 
 

@@ -48,7 +48,12 @@ from lmrl.rollout.base import (
     stop_and_pad_ids,
 )
 from lmrl.rollout.sampling import Draws, pick, stop_hits
-from lmrl.rollout.static import decode_attention_on, resolve_decode, session_kv, static_sample
+from lmrl.rollout.static import (
+    check_decode,
+    decode_attention_on,
+    session_kv,
+    static_sample,
+)
 
 __all__ = ["HFEngine", "default_eos_ids"]
 
@@ -94,7 +99,7 @@ class HFEngine(RolloutEngine):
         decode: str = "auto",
         check_every: int = 16,
     ) -> None:
-        resolve_decode(decode, torch.device("cpu"))  # checks the name
+        check_decode(decode)  # the device is known at each call, and resolved there
         self.decode, self.check_every = decode, check_every
         self.model = model
         self.tokenizer = tokenizer

@@ -69,6 +69,12 @@ def warn_once(message: str) -> None:
         log.warning(message)
 
 
+def check_decode(mode: str) -> None:
+    """Refuse a ``rollout.hf.decode`` that is not one of `DECODE_MODES`."""
+    if mode not in DECODE_MODES:
+        raise ValueError(f"rollout.hf.decode must be one of {DECODE_MODES}, got {mode!r}")
+
+
 def resolve_decode(mode: str, device: torch.device) -> str:
     """The decode path ``mode`` gives on ``device``: ``graphs`` (static cache and CUDA graphs),
     ``static`` (static cache, eager) or ``dynamic`` (today's loop). ``auto`` = ``graphs`` on
@@ -76,8 +82,7 @@ def resolve_decode(mode: str, device: torch.device) -> str:
     today's loop; docs/performance.md) and ``dynamic`` elsewhere (on a CPU the static path's
     fixed costs outweigh what it saves for small models). ``graphs`` asked off CUDA falls
     back to ``dynamic`` and says so once."""
-    if mode not in DECODE_MODES:
-        raise ValueError(f"rollout.hf.decode must be one of {DECODE_MODES}, got {mode!r}")
+    check_decode(mode)
     if mode == "auto":
         return "graphs" if device.type == "cuda" else "dynamic"
     if mode == "graphs" and device.type != "cuda":
