@@ -52,13 +52,14 @@ tail -4 "$OUT/gpu_tests.log"
 
 # Session 24: lmrl's 1.5B update took 8.34 s with prompts shared under checkpointing (6.30 s in
 # session 21 without, older code), and both profiled gpu_step children ran out of time.
-# gpu_update times the update alone, the variants alternating on one batch: is sharing under
-# checkpointing faster on CUDA (then add "cuda" to CHECKPOINTED_SHARING_DEVICES), and what
-# does recompute cost? (`--ragged` repeats it with prompts of different lengths.)
+# gpu_update times the update alone, the variants alternating on the step's batch and on a copy
+# with prompts of different lengths: is sharing under checkpointing faster on CUDA (then add
+# "cuda" to CHECKPOINTED_SHARING_DEVICES, for both batches or ragged ones), and what does the
+# recompute cost?
 mark "gpu_update 1.5B: checkpointed shared / unshared, no checkpointing; profile (issue 33)"
-timeout 200 python3 benchmarks/gpu_update.py --shape 1.5b --rounds 2 --profile ckpt:shared \
+timeout 230 python3 benchmarks/gpu_update.py --shape 1.5b --rounds 2 --profile ckpt:shared \
     --work /tmp/gu --out "$OUT/gpu_update.json" > "$OUT/gpu_update.log" 2>&1
-tail -9 "$OUT/gpu_update.log"
+tail -12 "$OUT/gpu_update.log"
 head -30 "$OUT/gpu_update_profile_ckpt_shared.txt" 2>/dev/null
 
 # TRL's 1.5B side needed more than 100 s of wall time in session 24.

@@ -14,18 +14,19 @@ variant is ``CKPT:SHARE``:
   (every row's prompt in full); without checkpointing lmrl always shares them, so ``full``
   has ``shared`` only.
 
-``--ragged`` left-pads each group's prompt by a random 0 to prompt_len / 2 tokens (its first
-tokens masked out), as prompts of different lengths are in real data: the full pass then
-attends through a mask as the shared response pass does. ``--profile VARIANT`` profiles one
-more update of that variant (the top operators by self device time, to
-``OUT_profile_VARIANT.txt``).
+Each variant runs on the step's batch (``plain``: every prompt exactly prompt_len tokens, so
+the full pass attends with no mask) and on a ``ragged`` copy (``--batches``), whose groups'
+prompts are left-padded by a random 0 to prompt_len / 2 tokens (their first tokens masked out),
+as prompts of different lengths are in real data: there the full pass attends through a mask as
+the shared response pass does. ``--profile VARIANT`` profiles one more update of that variant
+on the plain batch (the top operators by self device time, to ``OUT_profile_VARIANT.txt``).
 
 MFU counts the model FLOPs of ``gpu_step.update_flops`` (no recompute, every row's prompt in
 full), so a variant that does less work scores higher for the same figure.
 
 Usage:
-    python benchmarks/gpu_update.py --shape 1.5b                  # 3 variants x 2 rounds
-    python benchmarks/gpu_update.py --shape 1.5b --ragged --variants ckpt:shared ckpt:unshared
+    python benchmarks/gpu_update.py --shape 1.5b     # 3 variants x 2 batches x 2 rounds
+    python benchmarks/gpu_update.py --shape 1.5b --batches ragged --variants ckpt:shared ckpt:unshared
     python benchmarks/gpu_update.py --device cpu --shape tiny --prompts 2 --samples 4 \\
         --prompt-len 16 --response-len 8 --micro-batch 4       # CPU smoke, ~30 s
 """
@@ -99,7 +100,7 @@ def main() -> None:
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(Setting, name))
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--ragged", action="store_true", help="prompts of different lengths")
+    p.add_argument("--batches", nargs="+", default=["plain", "ragged"], choices=["plain", "ragged"])
     p.add_argument("--profile", choices=VARIANTS, help="profile one more update of it")
     p.add_argument("--lmrl-args", nargs="*", default=[], help="extra key=value for lmrl")
     p.add_argument("--work", help="model and prompts (default: a temp dir)")
@@ -123,31 +124,44 @@ def main() -> None:
     cfg = load_config(None, lmrl_overrides(s, work, 1))
     trainer = Trainer(build_run(cfg), cfg.trainer)
     trainer.step()  # the batch, and a warm-up of every path the update takes
-    batch = trainer.last_batch
-    if args.ragged:
-        batch = ragged(batch, s.prompt_len, s.samples, s.seed)
+    batches = {"plain": trainer.last_batch}
+    batches["ragged"] = ragged(batches["plain"], s.prompt_len, s.samples, s.seed)
+    cases = [(v, b) for b in args.batches for v in args.variants]  # (variant, batch)
     actor = trainer.parts.actor
     print(f"{info['device_name']}: model, batch and a warm-up step in "
           f"{time.perf_counter() - clock:.0f}s", flush=True)  # fmt: skip
 
-    def update(variant: str) -> tuple[float, float]:
+    import lmrl.models.forward
+
+    shared = []  # micro-batches that shared their prompts: the variants really differ
+    group_hidden = lmrl.models.forward.group_hidden
+
+    def counted(*a, **k):
+        shared.append(1)
+        return group_hidden(*a, **k)
+
+    lmrl.models.forward.group_hidden = counted
+
+    def update(variant: str, batch: str) -> tuple[float, float]:
         set_variant(actor, variant)
         sync(s.device, reset_peak=True)
+        shared.clear()
         start = time.perf_counter()
-        actor.update_actor(batch, old_log_probs_from_update=True)
+        actor.update_actor(batches[batch], old_log_probs_from_update=True)
         sync(s.device)
         peak = torch.cuda.max_memory_allocated() / 2**30 if s.device == "cuda" else float("nan")
         return time.perf_counter() - start, peak
 
     for variant in args.variants:  # each path once untimed (the first full pass allocates)
-        update(variant)
-    times: dict[str, list[float]] = {v: [] for v in args.variants}
+        update(variant, args.batches[0])
+    times: dict[str, list[float]] = {f"{v} {b}": [] for v, b in cases}
     peaks: dict[str, float] = {}
     for _ in range(args.rounds):
-        for variant in args.variants:
-            seconds, peaks[variant] = update(variant)
-            times[variant].append(seconds)
-            print(f"{variant:14} {seconds:.3f} s", flush=True)
+        for variant, batch in cases:
+            name = f"{variant} {batch}"
+            seconds, peaks[name] = update(variant, batch)
+            times[name].append(seconds)
+            print(f"{name:21} {seconds:.3f} s ({len(shared)} micro-batches shared)", flush=True)
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -155,9 +169,10 @@ def main() -> None:
     flops = update_flops(s, recompute=False)
     tokens = s.rows * (s.prompt_len + s.response_len)
     rows = {}
-    print(f"\n{info['device_name']}; {s.shape}, {s.prompts} x {s.samples} rows, "
-          f"{s.prompt_len} + {s.response_len} tokens, micro-batches of {s.micro_batch}"
-          f"{', ragged prompts' if args.ragged else ''}\n")  # fmt: skip
+    print(
+        f"\n{info['device_name']}; {s.shape}, {s.prompts} x {s.samples} rows, "
+        f"{s.prompt_len} + {s.response_len} tokens, micro-batches of {s.micro_batch}\n"
+    )
     print("| variant | update s (median) | tokens/s | MFU | peak GB |\n|---|---|---|---|---|")
     for variant, seconds in times.items():
         median = statistics.median(seconds)
@@ -180,7 +195,7 @@ def main() -> None:
         kinds = [torch.profiler.ProfilerActivity.CPU]
         kinds += [torch.profiler.ProfilerActivity.CUDA] if s.device == "cuda" else []
         with torch.profiler.profile(activities=kinds) as prof:
-            actor.update_actor(batch, old_log_probs_from_update=True)
+            actor.update_actor(batches["plain"], old_log_probs_from_update=True)
             sync(s.device)
         key = "self_device_time_total" if s.device == "cuda" else "self_cpu_time_total"
         path = out.with_name(f"{out.stem}_profile_{args.profile.replace(':', '_')}.txt")
