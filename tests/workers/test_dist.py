@@ -1,6 +1,6 @@
-"""Data parallelism: the token-balanced partition, and an update over 2 gloo ranks (DDP, FSDP2,
-FSDP2 with CPU offload) equal to the single-process update on the same batch, for the actor
-and the critic; a sharded reference scoring uneven rows.
+"""Data parallelism: the token-balanced partition, and an update over 2 gloo ranks (DDP, DDP
+with gradient checkpointing, FSDP2, FSDP2 with CPU offload) equal to the single-process update
+on the same batch, for the actor and the critic; a sharded reference scoring uneven rows.
 
 The ranks are plain processes here (``torch.multiprocessing``); the Ray tests run the same
 workers inside Ray actors.
@@ -55,19 +55,21 @@ def _rank(rank: int, world: int, port: int, model_dir: str, kind: str, out: str,
             dp = FSDP2(rank, world, param_offload=strategy == "fsdp2-offload")
         else:
             dp = DDP(rank, world)
-        _update(model_dir, kind, dp, out if rank == 0 else None, dtype)
+        _update(model_dir, kind, dp, out if rank == 0 else None, dtype, strategy.endswith("-ckpt"))
     finally:
         dist.barrier()  # no rank tears gloo down while a peer still talks to it
         dist.destroy_process_group()
 
 
-def _update(model_dir: str, kind: str, dp, out: str | None, dtype: str = "float64") -> None:
+def _update(model_dir: str, kind: str, dp, out: str | None, dtype: str = "float64",
+            checkpointing: bool = False) -> None:  # fmt: skip
     """Two updates (2 epochs x 2 shuffled mini-batches x micro-batches of 2); save weights."""
     torch.manual_seed(0)
     batch = make_batch(seed=3)
     common = {"rollout_n": N, "max_response_length": 4, "total_steps": 10, "dp": dp}
     if kind == "actor":
-        model = load_causal_lm(model_dir, dtype=dtype, device="cpu")
+        model = load_causal_lm(model_dir, dtype=dtype, device="cpu",
+                               gradient_checkpointing=checkpointing)  # fmt: skip
         cfg = actor_config(ppo_mini_batch_size=2, ppo_micro_batch_size=2, shuffle=True,
                            ppo_epochs=2, clip_ratio=0.1)  # fmt: skip
         worker = ActorWorker(model, cfg, temperature=0.8, log_prob_micro_batch_size=None,
@@ -75,7 +77,8 @@ def _update(model_dir: str, kind: str, dp, out: str | None, dtype: str = "float6
         add_log_probs(batch, worker)
         metrics = [worker.update_actor(batch) for _ in range(2)]
     else:
-        model = load_critic(model_dir, dtype=dtype, device="cpu")
+        model = load_critic(model_dir, dtype=dtype, device="cpu",
+                            gradient_checkpointing=checkpointing)  # fmt: skip
         cfg = critic_config(ppo_mini_batch_size=2, ppo_micro_batch_size=2, shuffle=True)
         worker = CriticWorker(model, cfg, **common)
         batch["values"] = worker.compute_values(batch)
@@ -106,6 +109,8 @@ TOLERANCE = {"float64": (1e-5, 1e-7), "float32": (1e-4, 5e-5)}
 @pytest.mark.parametrize(
     "kind,strategy,dtype",
     [("actor", "ddp", "float64"), ("critic", "ddp", "float64"), ("actor", "fsdp2", "float64"),
+     # gradient checkpointing on both sides: groups share their prompt pass under it
+     ("actor", "ddp-ckpt", "float64"), ("critic", "ddp-ckpt", "float64"),
      ("critic", "fsdp2", "float64"), ("actor", "fsdp2-offload", "float64"),
      # issue 31 §4: fsdp2 reduced with gloo's missing PREMUL_SUM in float32
      ("actor", "fsdp2", "float32"), ("critic", "fsdp2", "float32")],
@@ -116,7 +121,7 @@ def test_an_update_over_two_ranks_equals_the_single_process_update(
     from lmrl.workers.dist import DataParallel
 
     local = tmp_path / "local.pt"
-    _update(str(tiny_dir), kind, DataParallel(), str(local), dtype)
+    _update(str(tiny_dir), kind, DataParallel(), str(local), dtype, strategy.endswith("-ckpt"))
     shared = tmp_path / "ddp.pt"
     mp.start_processes(_rank, nprocs=2, start_method="spawn",
                        args=(2, _free_port(), str(tiny_dir), kind, str(shared), strategy, dtype))  # fmt: skip
