@@ -28,6 +28,8 @@ from lmrl.models.forward import (
 )
 from lmrl.models.prefix import prefix_cache
 
+from .conftest import needs_replayable
+
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("micro_batch_size", [1, 3, 5])
@@ -208,9 +210,12 @@ def test_the_cache_goes_by_the_name_the_installed_transformers_takes(
     assert not [m for m in said if "past_key_values" in m], said
 
 
+@needs_replayable
 def test_can_share_prompts_without_sliding_windows_and_checkpointed_where_tested(
     qwen_dir, monkeypatch
 ):
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
     import lmrl.models.forward as forward_mod
 
     assert can_share_prompts(load_causal_lm(qwen_dir))
@@ -220,6 +225,10 @@ def test_can_share_prompts_without_sliding_windows_and_checkpointed_where_tested
     assert not can_share_prompts(checkpointed)
     assert can_share_prompts(load_causal_lm(qwen_dir))  # not checkpointed: shared anywhere
     monkeypatch.setattr(forward_mod, "CHECKPOINTED_SHARING_DEVICES", ("cpu",))
+    with monkeypatch.context() as m:  # a transformers (4.x) whose checkpointed layers drop it
+        m.delattr(GradientCheckpointingLayer, "_can_checkpoint_with_cache")
+        assert not can_share_prompts(checkpointed)
+    assert can_share_prompts(checkpointed)
     checkpointed.config.model_type = "gemma"  # checkpointed layers not tested to keep a cache
     assert not can_share_prompts(checkpointed)
     sliding = load_causal_lm(qwen_dir)
@@ -257,6 +266,7 @@ def _checkpointed_shared_and_full(path, batch, lora, monkeypatch, device="cpu"):
     return (*results[0], model), results[1]
 
 
+@needs_replayable
 @pytest.mark.parametrize(("arch", "lora"), [("qwen", False), ("llama", False), ("qwen", True)])
 def test_shared_prompts_under_gradient_checkpointing_equal_the_full_forward(
     arch, lora, qwen_dir, llama_dir, grouped, monkeypatch
@@ -278,6 +288,7 @@ def test_shared_prompts_under_gradient_checkpointing_equal_the_full_forward(
     assert layers and not any("_can_checkpoint_with_cache" in vars(m) for m in layers)
 
 
+@needs_replayable
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_shared_prompts_under_gradient_checkpointing_on_cuda(qwen_dir, grouped, monkeypatch):

@@ -49,7 +49,7 @@ from torch import nn
 from lmrl.algos.kl import full_kl_from_hidden
 from lmrl.algos.logprob import full_kl_from_logits, log_probs_from_hidden, log_probs_from_logits
 from lmrl.models.packing import pack_groups, pack_pays, packable, packed_hidden
-from lmrl.models.prefix import prefix_cache, prompt_cache, replayable_cache
+from lmrl.models.prefix import prefix_cache, prompt_cache, replayable, replayable_cache
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
 # Config fields of models whose logits are not just ``lm_head(hidden)``.
@@ -275,7 +275,7 @@ def can_share_prompts(model: nn.Module) -> bool:
     sliding-window layer's cache keeps only the window, so a prompt longer than it would not
     match the full pass), and under gradient checkpointing the model is of a type whose
     checkpointed decoder layers are tested to keep `lmrl.models.prefix`'s caches, on a device
-    of `CHECKPOINTED_SHARING_DEVICES`."""
+    of `CHECKPOINTED_SHARING_DEVICES`, with a transformers that lets them keep one."""
     config = getattr(unwrap(model), "config", None)
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     if any(t != "full_attention" for t in layer_types):
@@ -284,6 +284,7 @@ def can_share_prompts(model: nn.Module) -> bool:
         return (
             getattr(config, "model_type", None) in CHECKPOINTED_SHARING_TYPES
             and compute_device(model).type in CHECKPOINTED_SHARING_DEVICES
+            and replayable(model)
         )
     return True
 

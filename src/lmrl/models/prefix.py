@@ -6,14 +6,17 @@ and every row's response tokens against that prompt's keys and values, gathered 
 gradient checkpointing, where the backward recomputes each layer's forward, the replay would
 append a second time and attend to a cache twice as long; transformers therefore drops the
 cache in a checkpointed layer, unless the layer class says it only reads it
-(``_can_checkpoint_with_cache``). The two caches here make replaying a pass a no-op:
+(``_can_checkpoint_with_cache``, from transformers 5). The two caches here make replaying a
+pass a no-op:
 
 - `prompt_cache`: each layer keeps the states it is given instead of appending them (the pass
   starts from nothing), so a replay stores the same states again;
 - `prefix_cache`: each layer holds the prompt's states gathered to the rows, returns them with
   the new tokens' states appended, and keeps nothing of the call.
 
-`replayable_cache` lets the checkpointed layers keep such a cache for the two passes.
+`replayable_cache` lets the checkpointed layers keep such a cache for the two passes, where
+the installed transformers has the flag (`replayable`); a release without it drops the cache
+of a checkpointed layer whatever the cache, so prompts are not shared under checkpointing there.
 """
 
 from __future__ import annotations
@@ -25,16 +28,22 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
-__all__ = ["prefix_cache", "prompt_cache", "replayable_cache"]
+__all__ = ["prefix_cache", "prompt_cache", "replayable", "replayable_cache"]
+
+
+def _hold(layer: DynamicLayer, keys: torch.Tensor, values: torch.Tensor) -> None:
+    """Make ``layer`` hold ``keys`` and ``values`` (what ``lazy_initialization`` and ``update``
+    set, whose signatures differ between transformers releases)."""
+    layer.keys, layer.values = keys, values
+    layer.is_initialized = True
+    layer.dtype, layer.device = keys.dtype, keys.device
 
 
 class _PromptLayer(DynamicLayer):
     """One layer of the prompt pass: the states of the latest call, not appended to."""
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.keys, self.values = key_states, value_states
+        _hold(self, key_states, value_states)
         return key_states, value_states
 
 
@@ -44,8 +53,7 @@ class _PrefixLayer(DynamicLayer):
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
         super().__init__()
-        self.lazy_initialization(keys, values)
-        self.keys, self.values = keys, values
+        _hold(self, keys, values)
 
     def update(self, key_states, value_states, *args, **kwargs):
         return (
@@ -80,6 +88,13 @@ def _checkpointed_layers(model: nn.Module) -> list[nn.Module]:
         if getattr(m, "gradient_checkpointing", False) is True
         and hasattr(m, "_can_checkpoint_with_cache")
     ]
+
+
+def replayable(model: nn.Module) -> bool:
+    """Whether ``model``'s checkpointed decoder layers can be told to keep a cache (the
+    installed transformers has ``_can_checkpoint_with_cache``); True with none checkpointed."""
+    checkpointed = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
+    return not checkpointed or bool(_checkpointed_layers(model))
 
 
 @contextlib.contextmanager
