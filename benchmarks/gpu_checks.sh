@@ -13,7 +13,8 @@
 # important first; together at most 10 minutes (session 24's caps). Results go to $OUT.
 # `bash benchmarks/gpu_checks.sh flow [CAP]` runs issue 35's benchmark instead (86 s in
 # session 21): lmrl train-flow on a random pipeline of SD3.5 Medium's shape, Fast against
-# full; `... step15 [CAP]` the 1.5B shape of gpu_step (159 s). CAP: its timeout in seconds.
+# full; `... step15 [CAP]` the 1.5B shape of gpu_step (159 s in session 21; give it 250). CAP: its
+# timeout in seconds.
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
@@ -36,7 +37,7 @@ fi
 if [ "${1:-}" = step15 ]; then
     mark "gpu_step 1.5B, lmrl (graphs decode) then TRL (issue 33)"
     timeout "$CAP" python3 benchmarks/gpu_step.py --shapes 1.5b --sides lmrl,trl --warmup 1 \
-        --steps 1 --budget $((CAP - 10)) --child-timeout $((CAP / 2)) \
+        --steps 1 --budget $((CAP - 10)) --child-timeout $((CAP * 2 / 3)) \
         --out "$OUT/gpu_step_15.json" --work /tmp/gs --lmrl-args rollout.hf.decode=graphs \
         > "$OUT/gpu_step_15.log" 2>&1
     tail -16 "$OUT/gpu_step_15.log"
@@ -62,10 +63,12 @@ timeout 230 python3 benchmarks/gpu_update.py --shape 1.5b --rounds 2 --profile c
 tail -12 "$OUT/gpu_update.log"
 head -30 "$OUT/gpu_update_profile_ckpt_shared.txt" 2>/dev/null
 
-# TRL's 1.5B side needed more than 100 s of wall time in session 24.
-mark "gpu_step 1.5B: lmrl, then TRL (issue 33)"
-timeout 250 python3 benchmarks/gpu_step.py --shapes 1.5b --sides lmrl,trl --warmup 1 \
-    --steps 1 --budget 240 --child-timeout 160 --out "$OUT/gpu_step_15.json" --work /tmp/gs \
-    --lmrl-args rollout.hf.decode=graphs > "$OUT/gpu_step_15.log" 2>&1
-tail -18 "$OUT/gpu_step_15.log"
+# Session 24: the decode steps' RMSNorm through F.rms_norm (lmrl.rollout.static.FUSED_NORM, off
+# by default): turn it on where graphs-fusednorm beats graphs.
+mark "gpu_decode 0.5B: graphs against graphs with fused RMSNorms (issue 33)"
+timeout 120 python3 benchmarks/gpu_decode.py --modes graphs,graphs-fusednorm \
+    --out "$OUT/gpu_decode.json" > "$OUT/gpu_decode.log" 2>&1
+tail -8 "$OUT/gpu_decode.log"
 mark done
+# Then, with what these said applied, `bash benchmarks/gpu_checks.sh step15 250`: lmrl's 1.5B
+# step against TRL's (TRL's side needed more than 100 s of wall time in session 24).

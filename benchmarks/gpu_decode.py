@@ -11,7 +11,9 @@ the same uniforms. Each path runs once short (a warm-up) and once timed.
 
 Two more paths take the graphs apart (``--modes``): ``graphs-nofold`` attends through the
 model's own sdpa (``repeat_kv`` copies the cache to every query head) and ``graphs-full``
-also reads the full-width cache every step: together, session 16's graph path. A last line
+also reads the full-width cache every step: together, session 16's graph path.
+``graphs-fusednorm`` and ``static-fusednorm`` normalize through ``F.rms_norm``
+(``lmrl.rollout.static.FUSED_NORM``, off by default until measured here). A last line
 times the sampler alone (``pick`` on (rows, vocabulary) float32 logits) per step.
 
 Printed and written to ``--out`` (JSON): seconds and generated tokens/s per path, whether its
@@ -55,13 +57,16 @@ TINY = dict(
     intermediate_size=128, vocab_size=1000, tie_word_embeddings=True, max_position_embeddings=512,
 )  # fmt: skip
 BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12}  # bytes/s of HBM
-# a path: (rollout.hf.decode, fold the GQA heads, width bucket; None = the full width)
+# a path: (rollout.hf.decode, fold the GQA heads, width bucket (None = the full width),
+# fused RMSNorm)
 PATHS = {
-    "dynamic": ("dynamic", True, static_mod.BUCKET),
-    "static": ("static", True, static_mod.BUCKET),
-    "graphs": ("graphs", True, static_mod.BUCKET),
-    "graphs-nofold": ("graphs", False, static_mod.BUCKET),
-    "graphs-full": ("graphs", False, None),
+    "dynamic": ("dynamic", True, static_mod.BUCKET, False),
+    "static": ("static", True, static_mod.BUCKET, False),
+    "graphs": ("graphs", True, static_mod.BUCKET, False),
+    "graphs-nofold": ("graphs", False, static_mod.BUCKET, False),
+    "graphs-full": ("graphs", False, None, False),
+    "static-fusednorm": ("static", True, static_mod.BUCKET, True),
+    "graphs-fusednorm": ("graphs", True, static_mod.BUCKET, True),
 }
 
 
@@ -172,7 +177,7 @@ def main() -> None:
 
     results, tokens = {}, {}
     for mode in modes:
-        decode, static_mod.FOLD_GQA, bucket = PATHS[mode]
+        decode, static_mod.FOLD_GQA, bucket, static_mod.FUSED_NORM = PATHS[mode]
         static_mod.BUCKET = bucket or 1 << 30
         engine = HFEngine(model, None, eos_token_ids=[0], pad_token_id=0, decode=decode)
         for steps in (min(new, 8), new):  # a warm-up, then the timed run

@@ -296,6 +296,23 @@ def test_cuda_graphs_equal_eager(model, tokenizer, encode, logit_bias, monkeypat
 
 @gpu
 @needs_cuda
+def test_cuda_graphs_with_fused_norms_equal_the_dynamic_loop(
+    model, tokenizer, encode, logit_bias, monkeypatch
+):
+    """FUSED_NORM on CUDA (torch's fused rms_norm kernel), in fp32: the graphs give the dynamic
+    loop's tokens and log-probs (within float32 rounding of another reduction order)."""
+    model = model.to("cuda")
+    monkeypatch.setattr(static_mod, "FUSED_NORM", True)
+    bias = torch.zeros(model.config.vocab_size, device="cuda")
+    bias[EOS] = 3.0
+    sampling = SamplingParams(max_new_tokens=40, seed=1)
+    with logit_bias(model, bias):
+        dyn, gra = _both(model, tokenizer, encode(TEXTS), 4, sampling, modes=("dynamic", "graphs"))
+    _same(dyn, gra, atol=1e-4)
+
+
+@gpu
+@needs_cuda
 def test_cuda_graphs_of_several_widths_share_a_pool(model, tokenizer, encode, monkeypatch):
     """A graph per width bucket (8 columns), captured into one memory pool and replayed in
     turn, gives the eager static path's tokens and the dynamic loop's."""
@@ -491,3 +508,49 @@ def test_decode_steps_attend_folded_over_growing_widths(
     assert widths == grown + bucketed * 2  # dynamic, static, then graphs
     assert len(set(expected)) > 2 and sorted(graphs) == sorted(set(expected[1:]))
     assert sum(g.replays for g in graphs.values()) == 18  # steps 2..19; step 1 warms up
+
+
+# ----------------------------------------------------------------- fused RMSNorm (FUSED_NORM)
+@pytest.mark.parametrize(
+    ("weight_dtype", "input_dtype"),
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+     (torch.float32, torch.bfloat16)],  # the last: fp32 masters, a bf16 stream
+)  # fmt: skip
+def test_the_fused_rms_norm_is_the_models_rms_norm(model, weight_dtype, input_dtype):
+    """fp32 normalization rounded to the input's dtype, times the weight: transformers'
+    Llama-style RMSNorm, to the last bit of the input's dtype (one ulp of bf16)."""
+    norm = model.model.norm
+    weight = torch.randn(norm.weight.shape, generator=torch.Generator().manual_seed(0))
+    x = 3 * torch.randn(5, 2, weight.shape[0], generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        norm.weight.copy_(weight)
+        want = norm.to(weight_dtype)(x.to(input_dtype))
+        got = static_mod._fused_rms_norm(norm, x.to(input_dtype))
+    assert got.dtype == want.dtype
+    tol = 1e-6 if want.dtype == torch.float32 else 2**-7
+    torch.testing.assert_close(got, want, rtol=tol, atol=0)
+
+
+def test_decode_steps_normalize_fused_where_asked(model, tokenizer, encode, monkeypatch):
+    """With FUSED_NORM the static steps' RMSNorms (every layer's two and the final one) run
+    through `_fused_rms_norm`: the tokens and masks of today's loop, log-probs to float32
+    rounding; after the call the modules compute with their own forward again. Off (the
+    default) or on another model type, they are left alone."""
+    calls = []
+    fused = static_mod._fused_rms_norm
+    monkeypatch.setattr(static_mod, "_fused_rms_norm", lambda m, x: calls.append(1) or fused(m, x))
+    sampling = SamplingParams(max_new_tokens=6, seed=7)
+    prompts = encode(TEXTS)
+    dyn, sta = _both(model, tokenizer, prompts, 2, sampling)
+    assert not calls  # off by default
+    monkeypatch.setattr(static_mod, "FUSED_NORM", True)
+    (fused_sta,) = _both(model, tokenizer, prompts, 2, sampling, modes=("static",))
+    norms = 2 * model.config.num_hidden_layers + 1
+    assert len(calls) == norms * 5  # steps 1..5 (step 0 picks from the prefill's logits)
+    _same(dyn, fused_sta)
+    _same(sta, fused_sta)
+    assert not any("forward" in vars(m) for m in model.modules())
+    model.config.model_type = "gemma"  # its RMSNorm scales by 1 + weight
+    calls.clear()
+    _both(model, tokenizer, prompts, 2, sampling, modes=("static",))
+    assert not calls

@@ -24,6 +24,11 @@ captured once with ``torch.cuda.CUDAGraph`` and replayed: one graph launch per t
   query length, (R, H_kv, H / H_kv, D) against the (R, H_kv, W, D) cache (`decode_attention`,
   registered with ``transformers`` and switched on for the steps only), so grouped-query
   models read their cache once instead of copying it to every query head (``repeat_kv``).
+- Where `FUSED_NORM` is on, the steps' RMSNorms of the tested model types run as
+  ``F.rms_norm`` times the weight (`fused_norms_on`): on CUDA one fused kernel and a product
+  instead of transformers' eight elementwise and reduction kernels (casts, square, mean, eps,
+  rsqrt, products), the same fp32 normalization rounded to the input's dtype. Off by default
+  until measured on a GPU (``benchmarks/gpu_decode.py --modes graphs,graphs-fusednorm``).
 - The host looks at ``finished`` only every ``check_every`` steps (each step when stop
   strings are set: their check decodes text on the host anyway); steps run past the last
   finish write pad / mask False / log-prob 0, exactly the padding today's loop returns, and
@@ -59,6 +64,10 @@ BUCKET = 128  # a decode step attends to the cache's first columns rounded up to
 FOLD_GQA = True  # decode steps use `decode_attention` (off: the model's own, for benchmarks)
 ATTENTION = "lmrl_decode"  # its name in transformers' AttentionInterface
 MATMUL_DEVICES = ("cpu",)  # where `decode_attention` is two matmuls instead of sdpa's kernel
+FUSED_NORM = False  # decode steps normalize through `F.rms_norm` (`fused_norms_on`)
+# Model types whose RMSNorm is transformers' Llama one: fp32 normalization, rounded to the
+# input's dtype, times the weight (Gemma's 1 + weight is not).
+NORM_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _WARNED: set[str] = set()
 
 
@@ -174,6 +183,41 @@ def decode_attention_on(model):
         yield
     finally:
         config._attn_implementation = before
+
+
+def _fused_rms_norm(module, hidden_states: torch.Tensor) -> torch.Tensor:
+    """``module`` (a Llama-style RMSNorm) of ``hidden_states`` (..., H) through `F.rms_norm`:
+    normalized in fp32, rounded to the input's dtype, times the weight, as transformers does."""
+    normed = torch.nn.functional.rms_norm(
+        hidden_states, (hidden_states.shape[-1],), eps=module.variance_epsilon
+    )
+    return module.weight * normed.to(hidden_states.dtype)
+
+
+@contextlib.contextmanager
+def fused_norms_on(model):
+    """Within, where `FUSED_NORM` is on and ``model`` is of `NORM_TYPES`: its RMSNorm modules
+    compute through `_fused_rms_norm` (their class's forward again on exit)."""
+    inner = getattr(model, "module", model)
+    config = getattr(inner, "config", None)
+    if not FUSED_NORM or getattr(config, "model_type", None) not in NORM_TYPES:
+        yield
+        return
+    norms = [
+        m
+        for m in inner.modules()
+        if type(m).__name__.endswith("RMSNorm")
+        and isinstance(getattr(m, "weight", None), torch.Tensor)
+        and isinstance(getattr(m, "variance_epsilon", None), float)
+        and "forward" not in vars(m)
+    ]
+    for m in norms:
+        m.forward = functools.partial(_fused_rms_norm, m)
+    try:
+        yield
+    finally:
+        for m in norms:
+            del m.forward
 
 
 def _dynamic_layer():
@@ -370,7 +414,7 @@ class StaticDecode:
         ended = after(0)
         graphs: dict[int, torch.cuda.CUDAGraph] = {}  # one per width
         use_graphs = self.graphs and self.max_new >= 4
-        with decode_attention_on(self.engine.model):
+        with decode_attention_on(self.engine.model), fused_norms_on(self.engine.model):
             while not ended and t < self.max_new:
                 self._set_width(t)
                 graph = graphs.get(self.width) if use_graphs and t > 1 else None
