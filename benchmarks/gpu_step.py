@@ -3,9 +3,9 @@ its generation and its update, against the card's bf16 peak and memory-bandwidth
 
 Both sides train the same randomly initialized Qwen2 (``SHAPES``: ``0.5b`` and ``1.5b`` have
 Qwen2.5-0.5B's and -1.5B's sizes, tied embeddings, rope_theta 1e6, the 151,936-token
-vocabulary; ``tiny`` is for a CPU smoke run) built from a ``Qwen2Config``, with a local
-byte-level BPE of 151,936 entries whose words are one token each (``build_tokenizer``), so a
-prompt of 256 words is 256 tokens on both sides. Nothing is downloaded. Each step, by default:
+vocabulary; ``tiny`` is for a CPU smoke run, ``mid`` for CPU A/Bs of the update) built from a
+``Qwen2Config``, with a local byte-level BPE of 151,936 entries whose words are one token each
+(``build_tokenizer``), so a prompt of 256 words is 256 tokens on both sides. Nothing is downloaded. Each step, by default:
 32 prompts x G=8, prompts of exactly 256 tokens, responses of exactly 512 (EOS ignored: lmrl
 ``rollout.ignore_eos=true``; TRL ``generation_kwargs={"min_new_tokens": 512}``, which masks
 EOS until then), temperature 1, the same reward (``token_reward``), group-std advantages, one
@@ -90,6 +90,7 @@ SHAPES: dict[str, tuple[int, int, int, int, int, int]] = {
     "0.5b": (896, 24, 14, 2, 4864, 151_936),  # Qwen2.5-0.5B
     "1.5b": (1536, 28, 12, 2, 8960, 151_936),  # Qwen2.5-1.5B
     "tiny": (64, 2, 4, 2, 128, 151_936),  # CPU smoke
+    "mid": (512, 8, 8, 2, 1408, 151_936),  # CPU: a backbone heavier than the head (gpu_update)
 }
 LMRL_SIDES = ("lmrl", "lmrl-shared", "lmrl-unshared")  # lmrl as is, prompts shared or not
 # device-name fragment -> (bf16 dense peak FLOP/s, HBM bytes/s)
