@@ -294,16 +294,34 @@ def lmrl_overrides(s: Setting, work: Path, steps: int) -> list[str]:
     ]  # fmt: skip
 
 
-def run_lmrl(s: Setting, work: Path, side: str = "lmrl") -> dict:
+def share_prompts_under_checkpointing(on: bool) -> None:
+    """In this process, lmrl shares a group's prompt pass under gradient checkpointing on every
+    device (``on``) or on none (`lmrl.models.forward.CHECKPOINTED_SHARING_DEVICES`)."""
+    import lmrl.models.forward
+
+    lmrl.models.forward.CHECKPOINTED_SHARING_DEVICES = ("cpu", "cuda") if on else ()
+
+
+def profiled(fn, device: str, rows: int = 40):
+    """``fn()`` under the torch profiler (CUDA kernels too on ``cuda``), synchronized: its
+    result, and the table of the top ``rows`` operators by self device (or CPU) time."""
     import torch
 
-    import lmrl.models.forward
+    kinds = [torch.profiler.ProfilerActivity.CPU]
+    kinds += [torch.profiler.ProfilerActivity.CUDA] if device == "cuda" else []
+    with torch.profiler.profile(activities=kinds) as prof:
+        out = fn()
+        sync(device)
+    key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    return out, prof.key_averages().table(sort_by=key, row_limit=rows)
+
+
+def run_lmrl(s: Setting, work: Path, side: str = "lmrl") -> dict:
     from lmrl.config import load_config
     from lmrl.trainer import Trainer, build_run
 
     if side != "lmrl":  # where prompts are shared under checkpointing: everywhere, or nowhere
-        sharing = ("cpu", "cuda") if side == "lmrl-shared" else ()
-        lmrl.models.forward.CHECKPOINTED_SHARING_DEVICES = sharing
+        share_prompts_under_checkpointing(side == "lmrl-shared")
 
     total = s.warmup + s.steps
     overrides = lmrl_overrides(s, work, total + bool(s.profile))
@@ -327,29 +345,23 @@ def run_lmrl(s: Setting, work: Path, side: str = "lmrl") -> dict:
         tokens.append([int(batch["attention_mask"].sum()) - resp, resp])  # (prompt, response)
     params = sum(p.numel() for p in trainer.parts.actor.model.parameters())
     if s.profile:  # one untimed step more, its actor update under the profiler
-        kinds = [torch.profiler.ProfilerActivity.CPU]
-        kinds += [torch.profiler.ProfilerActivity.CUDA] if s.device == "cuda" else []
-        actor, profiles = trainer.parts.actor, []
+        actor, tables = trainer.parts.actor, []
         update_actor = actor.update_actor
 
-        def profiled(*args, **kwargs):  # the generation's graph replays stay out of it
-            with torch.profiler.profile(activities=kinds) as prof:
-                out = update_actor(*args, **kwargs)
-                sync(s.device)
-            profiles.append(prof)
+        def update_profiled(*args, **kwargs):  # the generation's graph replays stay out of it
+            out, table = profiled(lambda: update_actor(*args, **kwargs), s.device)
+            tables.append(table)
             return out
 
-        actor.update_actor = profiled
+        actor.update_actor = update_profiled
         clock = time.perf_counter()
         stage = trainer.step()
         sync(s.device)
         # Two H200 runs of session 24 timed out inside this block: say where the time goes.
-        print(f"profiled step: {time.perf_counter() - clock:.0f}s", file=sys.stderr, flush=True)
-        key = "self_device_time_total" if s.device == "cuda" else "self_cpu_time_total"
+        print(f"profiled step and table: {time.perf_counter() - clock:.0f}s", file=sys.stderr,
+              flush=True)  # fmt: skip
         stages_line = {k: round(v, 3) for k, v in stage.items() if "timing_s/" in k}
-        table = profiles[0].key_averages().table(sort_by=key, row_limit=40)
-        print(f"profile table: {time.perf_counter() - clock:.0f}s", file=sys.stderr, flush=True)
-        Path(s.profile).write_text(f"{stages_line}\n{table}\n")
+        Path(s.profile).write_text(f"{stages_line}\n{tables[0]}\n")
     trainer.close()
     steps = [b - a for a, b in itertools.pairwise(ends)]
     return dict(step_s=steps, gen_s=gen, update_s=update, stages=stages, tokens=tokens,

@@ -50,6 +50,8 @@ from gpu_step import (  # the sibling benchmark's recipe
     git_commit,
     lmrl_overrides,
     prepare,
+    profiled,
+    share_prompts_under_checkpointing,
     sync,
     update_flops,
 )
@@ -77,7 +79,6 @@ def ragged(batch, prompt_len: int, samples: int, seed: int):
 
 def set_variant(actor, variant: str) -> None:
     """Checkpointing on or off on the actor's model, and where prompts are shared under it."""
-    import lmrl.models.forward
     from lmrl.models.forward import unwrap
     from lmrl.models.loading import enable_gradient_checkpointing
 
@@ -88,8 +89,7 @@ def set_variant(actor, variant: str) -> None:
     else:  # transformers 5 renamed it, as `enable_gradient_checkpointing` says
         off = getattr(model, "activation_checkpointing_disable", None)
         (off or model.gradient_checkpointing_disable)()
-    sharing = ("cpu", "cuda") if share == "shared" else ()
-    lmrl.models.forward.CHECKPOINTED_SHARING_DEVICES = sharing
+    share_prompts_under_checkpointing(share == "shared")
 
 
 def main() -> None:
@@ -192,14 +192,11 @@ def main() -> None:
     if args.profile:  # last: in session 24 profiled gpu_step children ran out of time
         set_variant(actor, args.profile)
         clock = time.perf_counter()
-        kinds = [torch.profiler.ProfilerActivity.CPU]
-        kinds += [torch.profiler.ProfilerActivity.CUDA] if s.device == "cuda" else []
-        with torch.profiler.profile(activities=kinds) as prof:
-            actor.update_actor(batches["plain"], old_log_probs_from_update=True)
-            sync(s.device)
-        key = "self_device_time_total" if s.device == "cuda" else "self_cpu_time_total"
+        _, table = profiled(
+            lambda: actor.update_actor(batches["plain"], old_log_probs_from_update=True), s.device
+        )
         path = out.with_name(f"{out.stem}_profile_{args.profile.replace(':', '_')}.txt")
-        path.write_text(prof.key_averages().table(sort_by=key, row_limit=40) + "\n")
+        path.write_text(table + "\n")
         print(f"profile: {path} ({time.perf_counter() - clock:.0f}s)", flush=True)
     trainer.close()
 

@@ -48,7 +48,7 @@ from torch import nn
 
 from lmrl.algos.kl import full_kl_from_hidden
 from lmrl.algos.logprob import full_kl_from_logits, log_probs_from_hidden, log_probs_from_logits
-from lmrl.models.packing import pack_groups, pack_pays, packable, packed_hidden
+from lmrl.models.packing import LLAMA_FAMILY, pack_groups, pack_pays, packable, packed_hidden
 from lmrl.models.prefix import prefix_cache, prompt_cache, replayable, replayable_cache
 
 REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
@@ -59,14 +59,12 @@ LOGIT_TRANSFORMS = (
     "logits_scaling",
     "lm_head_multiplier",
 )
-# Model types whose decoder layers, checkpointed, are tested to keep `lmrl.models.prefix`'s
-# caches (qwen2, llama; mistral and qwen3 share their layer code): prompts are shared there
-# under gradient checkpointing too, on the devices where that was measured to pay: a CPU (an
-# update 3.9 s against 5.1 s, docs/performance.md). On CUDA the full pass of a micro-batch
-# without padding attends with flash attention and the response pass with a mask; one H200 run
-# of the 1.5B shape with sharing had a slower update than session 21's without it (8.34 s
-# against 6.30 s, other code changed too), and the A/B did not finish: not shared there yet.
-CHECKPOINTED_SHARING_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# Prompts are shared under gradient checkpointing too (models of `LLAMA_FAMILY`), on the
+# devices where that was measured to pay: a CPU (an update 3.9 s against 5.1 s,
+# docs/performance.md). On CUDA the full pass of a micro-batch without padding attends with
+# flash attention and the response pass with a mask; one H200 run of the 1.5B shape with
+# sharing had a slower update than session 21's without it (8.34 s against 6.30 s, other code
+# changed too), and the A/B did not finish: not shared there yet.
 CHECKPOINTED_SHARING_DEVICES = ("cpu",)
 
 
@@ -273,16 +271,16 @@ def distinct_rows(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def can_share_prompts(model: nn.Module) -> bool:
     """Whether `shared_prompt_hidden` applies: every layer attends to the full past (a
     sliding-window layer's cache keeps only the window, so a prompt longer than it would not
-    match the full pass), and under gradient checkpointing the model is of a type whose
-    checkpointed decoder layers are tested to keep `lmrl.models.prefix`'s caches, on a device
-    of `CHECKPOINTED_SHARING_DEVICES`, with a transformers that lets them keep one."""
+    match the full pass), and under gradient checkpointing the model is of `LLAMA_FAMILY`
+    (whose checkpointed decoder layers are tested to keep `lmrl.models.prefix`'s caches), on a
+    device of `CHECKPOINTED_SHARING_DEVICES`, with a transformers that lets them keep one."""
     config = getattr(unwrap(model), "config", None)
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
     if any(t != "full_attention" for t in layer_types):
         return False
     if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
         return (
-            getattr(config, "model_type", None) in CHECKPOINTED_SHARING_TYPES
+            getattr(config, "model_type", None) in LLAMA_FAMILY
             and compute_device(model).type in CHECKPOINTED_SHARING_DEVICES
             and replayable(model)
         )

@@ -28,12 +28,22 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-__all__ = ["MAX_PACKED", "PackedGroups", "pack_groups", "pack_pays", "packable", "packed_hidden"]
+__all__ = [
+    "LLAMA_FAMILY",
+    "MAX_PACKED",
+    "PackedGroups",
+    "pack_groups",
+    "pack_pays",
+    "packable",
+    "packed_hidden",
+]
 
 MAX_PACKED = 512  # the longest packed row where packing is used (see the module docstring)
-# Model types whose transformers forward hands a 4-D mask to attention as is (tested: qwen2,
-# llama; mistral and qwen3 share their attention and mask code).
-PACKED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# The Llama-family model types lmrl's shortcuts are tested on (qwen2 and llama; mistral and
+# qwen3 share their code): their forward hands a 4-D mask to attention as is (packing), their
+# checkpointed decoder layers keep `lmrl.models.prefix`'s caches, and their RMSNorm is
+# normalized in fp32, rounded to the input's dtype, times the weight (`lmrl.rollout.static`).
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass
@@ -54,12 +64,12 @@ class PackedGroups:
 
 
 def packable(model: nn.Module) -> bool:
-    """Whether ``model`` (unwrapped) is one of `PACKED_MODEL_TYPES` attending with sdpa, the
+    """Whether ``model`` (unwrapped) is of `LLAMA_FAMILY` and attends with sdpa, the
     one implementation given a custom 4-D boolean mask as is (eager adds a mask as a float
     bias, flash-attention takes none)."""
     config = getattr(model, "config", None)
     return (
-        getattr(config, "model_type", None) in PACKED_MODEL_TYPES
+        getattr(config, "model_type", None) in LLAMA_FAMILY
         and getattr(config, "_attn_implementation", None) == "sdpa"
     )
 

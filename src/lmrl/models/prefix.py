@@ -91,10 +91,9 @@ def _checkpointed_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def replayable(model: nn.Module) -> bool:
-    """Whether ``model``'s checkpointed decoder layers can be told to keep a cache (the
-    installed transformers has ``_can_checkpoint_with_cache``); True with none checkpointed."""
-    checkpointed = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False)]
-    return not checkpointed or bool(_checkpointed_layers(model))
+    """Whether the checkpointed decoder layers of ``model`` (checkpointed) can be told to keep
+    a cache: the installed transformers has ``_can_checkpoint_with_cache``."""
+    return bool(_checkpointed_layers(model))
 
 
 @contextlib.contextmanager

@@ -54,6 +54,7 @@ import logging
 
 import torch
 
+from lmrl.models.packing import LLAMA_FAMILY
 from lmrl.rollout.base import SamplingParams
 from lmrl.rollout.sampling import pick, stop_hits
 
@@ -65,9 +66,6 @@ FOLD_GQA = True  # decode steps use `decode_attention` (off: the model's own, fo
 ATTENTION = "lmrl_decode"  # its name in transformers' AttentionInterface
 MATMUL_DEVICES = ("cpu",)  # where `decode_attention` is two matmuls instead of sdpa's kernel
 FUSED_NORM = False  # decode steps normalize through `F.rms_norm` (`fused_norms_on`)
-# Model types whose RMSNorm is transformers' Llama one: fp32 normalization, rounded to the
-# input's dtype, times the weight (Gemma's 1 + weight is not).
-NORM_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _WARNED: set[str] = set()
 
 
@@ -196,11 +194,12 @@ def _fused_rms_norm(module, hidden_states: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def fused_norms_on(model):
-    """Within, where `FUSED_NORM` is on and ``model`` is of `NORM_TYPES`: its RMSNorm modules
-    compute through `_fused_rms_norm` (their class's forward again on exit)."""
+    """Within, where `FUSED_NORM` is on and ``model`` is of `LLAMA_FAMILY` (whose RMSNorm is
+    `_fused_rms_norm`'s; Gemma's 1 + weight is not): its RMSNorm modules compute through
+    `_fused_rms_norm` (their class's forward again on exit)."""
     inner = getattr(model, "module", model)
     config = getattr(inner, "config", None)
-    if not FUSED_NORM or getattr(config, "model_type", None) not in NORM_TYPES:
+    if not FUSED_NORM or getattr(config, "model_type", None) not in LLAMA_FAMILY:
         yield
         return
     norms = [
