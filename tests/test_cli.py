@@ -540,6 +540,12 @@ TABLE = [
         ("lmrl pretrain-flow: error: --lr must be a number > 0, got -1.0",),
     ),
     Row(
+        "pretrain-flow-caption-noise-above-one",
+        ["pretrain-flow", "{DATA}", "--out", "{MISSING}", "--caption-noise", "1.5"],
+        2,
+        ("lmrl pretrain-flow: error: --caption-noise must be in [0, 1], got 1.5",),
+    ),
+    Row(
         "tasks-over-a-model",
         ["tasks", "digits", "--out", "{FINAL}"],
         2,
@@ -664,5 +670,6 @@ def test_pretrain_flow_help_shows_its_defaults(capsys):
         main(["pretrain-flow", "--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal
     assert exit_.value.code == 0
-    assert "(default: 400; `lmrl demo --task flow` pre-trains 150)" in out
+    assert "(default: 400, as `lmrl demo --task flow` pre-trains)" in out
     assert "(default: 64)" in out and "(default: 0.002)" in out
+    assert "(default: 0.0; `lmrl demo --task flow` uses 0.25)" in out

@@ -247,12 +247,14 @@ def _pretrain_flow(args: argparse.Namespace) -> int:
         raise LmrlError(f"--batch-size must be >= 1, got {args.batch_size}")
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise LmrlError(f"--lr must be a number > 0, got {args.lr}")
+    if not 0 <= args.caption_noise <= 1:
+        raise LmrlError(f"--caption-noise must be in [0, 1], got {args.caption_noise}")
     _refuse_non_empty(args.out, args.force, "model", ModelError)
     from lmrl.flow.matching import pretrain_image_flow
 
     _, losses = pretrain_image_flow(
         args.images, args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-        seed=args.seed, log_every=max(1, args.steps // 10),
+        seed=args.seed, caption_noise=args.caption_noise, log_every=max(1, args.steps // 10),
     )  # fmt: skip
     print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f}; model: {args.out}")
     return 0
@@ -452,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True, help="the model directory to write")
     p.add_argument(
         "--steps", type=int, default=400,
-        help="optimizer steps (default: %(default)s; `lmrl demo --task flow` pre-trains 150)",
+        help="optimizer steps (default: %(default)s, as `lmrl demo --task flow` pre-trains)",
     )  # fmt: skip
     p.add_argument(
         "--batch-size", type=int, default=64, help="images per step (default: %(default)s)"
@@ -461,8 +463,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--lr", type=float, default=2e-3, help="AdamW's learning rate (default: %(default)s)"
     )
     p.add_argument(
-        "--seed", type=int, default=0, help="initialisation and batch order (default: %(default)s)"
-    )
+        "--seed", type=int, default=0,
+        help="initialisation, batch order and caption noise (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--caption-noise", type=float, default=0.0,
+        help="probability that each attribute of an image's caption is redrawn at random, as "
+        "web captions are loose: a model that draws well but follows its prompts in part "
+        "(default: %(default)s; `lmrl demo --task flow` uses 0.25)",
+    )  # fmt: skip
     p.add_argument("--force", action="store_true", help="write into --out even if it is not empty")
     p.set_defaults(func=_pretrain_flow)
 

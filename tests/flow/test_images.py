@@ -11,7 +11,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from lmrl.data.shapes import ATTRIBUTES, attribute_vector, prompt_text, read_images, render
+from lmrl.data.shapes import (
+    ATTRIBUTES,
+    attribute_vector,
+    noisy_captions,
+    prompt_text,
+    random_spec,
+    read_images,
+    render,
+)
 from lmrl.data.tasks import write_task
 from lmrl.errors import ModelError, RewardError
 from lmrl.flow.rewards import (
@@ -133,6 +141,48 @@ def test_the_shapes_task_writes_prompts_and_its_pretraining_images(tmp_path):
     assert images.shape == (64, 16, 16, 3) and images.max() <= 1.0
     decoded = torch.tensor(images).permute(0, 3, 1, 2)
     assert geneval(decoded, None, specs, strict=True).mean() == 1.0  # PNG keeps what it checks
+
+
+def test_noisy_captions_redraw_each_attribute_with_the_given_probability():
+    rng = random.Random(0)
+    specs = [random_spec(rng) for _ in range(4000)]
+    before = [dict(spec) for spec in specs]
+    assert noisy_captions(specs, 0.0) == specs
+    loose = noisy_captions(specs, 0.25, seed=3)
+    assert specs == before  # the true attributes are not touched
+    assert loose == noisy_captions(specs, 0.25, seed=3) != noisy_captions(specs, 0.25, seed=4)
+    for noise in (0.25, 1.0):
+        loose = noisy_captions(specs, noise, seed=1)
+        for key, values in ATTRIBUTES.items():
+            right = np.mean([a[key] == b[key] for a, b in zip(specs, loose, strict=True)])
+            expected = 1 - noise + noise / len(values)
+            assert abs(right - expected) < 4 * np.sqrt(expected * (1 - expected) / len(specs))
+    with pytest.raises(ValueError, match=r"caption noise must be in \[0, 1\], got 1.5"):
+        noisy_captions(specs, 1.5)
+
+
+def test_pretraining_conditions_on_the_loose_captions(tmp_path, monkeypatch):
+    import lmrl.flow.matching as matching
+
+    paths = write_task("shapes", tmp_path / "data", seed=0, num_images=64)
+    images, specs = read_images(paths["images"])
+    pixels = torch.tensor(images).permute(0, 3, 1, 2).flatten(1) * 2 - 1
+    truth = torch.tensor(np.stack([attribute_vector(s) for s in specs]))
+    seen = {}
+
+    def capture(model, data, *args, **kwargs):
+        seen["batch"] = data(2048, torch.Generator().manual_seed(0))
+        return [0.0]
+
+    monkeypatch.setattr(matching, "pretrain", capture)
+    for noise, out in ((0.0, "exact"), (1.0, "loose")):
+        matching.pretrain_image_flow(paths["images"], tmp_path / out, steps=1, seed=2,
+                                     caption_noise=noise, block_out_channels=(8, 16))  # fmt: skip
+        x0, cond = seen["batch"]
+        which = torch.cdist(x0.flatten(1), pixels).argmin(1)  # each row's image
+        right = (cond == truth[which]).all(1).float().mean()
+        # all four attributes redrawn: right when each lands on its value, 1/72 of the rows
+        assert right == 1.0 if noise == 0 else right < 0.1
 
 
 def test_the_image_model_saves_and_loads(tmp_path):

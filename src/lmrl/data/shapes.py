@@ -10,7 +10,9 @@ learns by flow matching before Flow-GRPO; the prompt splits (``train``/``test``)
 attributes as the ground truth a detector checks (`lmrl.flow.rewards`).
 
 The conditioning a model sees is `attribute_vector`: a multi-hot vector over the 12 attribute
-values (all zeros = unconditional, for classifier-free guidance).
+values (all zeros = unconditional, for classifier-free guidance). `noisy_captions` loosens the
+captions a model is pre-trained on (as web alt-text is loose), so that it draws well but follows
+its prompts only in part: the starting point of GenEval's RL, and of the image demo's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ __all__ = [
     "NUM_ATTRIBUTES",
     "attribute_vector",
     "generate",
+    "noisy_captions",
     "png_bytes",
     "prompt_text",
     "random_spec",
@@ -81,6 +84,30 @@ def _shape_mask(shape: str, side: int) -> np.ndarray:
         return (yy - r) ** 2 + (xx - r) ** 2 <= r * r
     # triangle: the half-width grows from 0 at the top row to side/2 at the bottom
     return np.abs(xx - side / 2) <= yy / 2
+
+
+def noisy_captions(
+    specs: list[dict[str, str]], noise: float, seed: int = 0
+) -> list[dict[str, str]]:
+    """The captions a model is pre-trained on when they are as loose as web alt-text: each
+    attribute of each caption is, with probability ``noise``, drawn anew uniformly from its
+    values (so it stays right with probability ``1 - noise + noise / len(values)``); the
+    images are unchanged. The same ``specs``, ``noise`` and ``seed`` give the same captions.
+
+    Raises:
+        ValueError: ``noise`` outside [0, 1].
+    """
+    if not 0.0 <= noise <= 1.0:
+        raise ValueError(f"caption noise must be in [0, 1], got {noise}")
+    rng = random.Random(f"shapes-captions-{seed}")
+    out = []
+    for spec in specs:
+        caption = dict(spec)
+        for key, values in ATTRIBUTES.items():
+            if rng.random() < noise:
+                caption[key] = rng.choice(values)
+        out.append(caption)
+    return out
 
 
 def render(spec: dict[str, str], rng: random.Random, size: int = 16) -> np.ndarray:

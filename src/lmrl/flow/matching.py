@@ -91,20 +91,26 @@ def pretrain_image_flow(
     seed: int = 0,
     block_out_channels: tuple[int, ...] = (32, 64),
     cond_dropout: float = 0.1,
+    caption_noise: float = 0.0,
     log_every: int = 0,
 ) -> tuple[ImageFlow, list[float]]:
     """Pre-train an `ImageFlow` on the ``shapes`` task's ``images.parquet`` and save it.
 
     The condition of an image is its prompt's attribute vector; ``cond_dropout`` of the rows
-    see the zero vector (the unconditional input of guidance); the loop is `pretrain`'s.
+    see the zero vector (the unconditional input of guidance); the loop is `pretrain`'s. With
+    ``caption_noise`` each attribute of an image's caption is redrawn at random with that
+    probability, once per image (`lmrl.data.shapes.noisy_captions`, seeded by ``seed``): the
+    model learns to draw every image well and to follow its prompt only in part.
 
     Returns:
         the model (saved in ``out_dir``) and the loss of every step.
     """
-    from lmrl.data.shapes import NUM_ATTRIBUTES, attribute_vector, read_images
+    from lmrl.data.shapes import NUM_ATTRIBUTES, attribute_vector, noisy_captions, read_images
 
     torch.manual_seed(seed)
     pixels, specs = read_images(images_path)
+    if caption_noise:
+        specs = noisy_captions(specs, caption_noise, seed)
     data = torch.tensor(pixels).permute(0, 3, 1, 2) * 2 - 1
     conds = torch.tensor(np.stack([attribute_vector(s) for s in specs]))
     model = ImageFlow(NUM_ATTRIBUTES, image_size=data.shape[-1], channels=data.shape[1],
