@@ -55,6 +55,32 @@ def test_the_rollout_keeps_every_step_and_marks_the_ones_that_train(pretrained):
         FlowSampler(num_steps=4, sde_start=4)
 
 
+def test_a_window_range_places_the_window_anew_in_each_rollout(pretrained):
+    sampler = FlowSampler(num_steps=8, sde_steps=2, window_range=(1, 7))
+    grpo = FlowGRPO(pretrained, sampler, None, FlowGRPOConfig())
+    starts = []
+    for seed in range(40):
+        batch, _, _ = _rollout(pretrained, sampler, prompts=1, n=2, seed=seed)
+        mask = batch["step_mask"][0]
+        start = int(mask.long().argmax())
+        assert mask.tolist() == [start <= j < start + 2 for j in range(8)]
+        assert (batch["log_probs"][:, ~mask] == 0).all() and (
+            batch["log_probs"][:, mask] != 0
+        ).all()
+        # the update recomputes the steps the window trained, and finds the rollout's
+        assert (grpo.old_log_probs(batch) - batch["log_probs"]).abs().max() < 1e-5
+        starts.append(start)
+    assert set(starts) == {1, 2, 3, 4, 5}  # lo .. hi - sde_steps
+    again, _, _ = _rollout(pretrained, sampler, prompts=1, n=2, seed=39)  # the same generator
+    assert torch.equal(again["step_mask"], batch["step_mask"])
+    assert torch.equal(again["images"], batch["images"])
+    with pytest.raises(ValueError, match="window_range needs sde_steps"):
+        FlowSampler(num_steps=8, window_range=(0, 8))
+    for bad in ((0, 9), (3, 4), (-1, 4)):
+        with pytest.raises(ValueError, match="must hold a window of 2 steps inside the 8"):
+            FlowSampler(num_steps=8, sde_steps=2, window_range=bad)
+
+
 @pytest.mark.parametrize("guidance", [1.0, 3.0])
 def test_recomputed_log_probs_equal_the_rollouts_so_nothing_clips_at_first(pretrained, guidance):
     model = copy.deepcopy(pretrained)

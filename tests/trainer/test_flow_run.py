@@ -77,10 +77,20 @@ def test_a_flow_run_trains_validates_checkpoints_and_plots(flow_workspace, tmp_p
     assert all(torch.equal(exported[k], v.cpu()) for k, v in trainer.model.state_dict().items())
 
 
-@pytest.mark.parametrize("extra", [(), ("actor.ema=true", "actor.ema_every=1")])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        (),
+        ("actor.ema=true", "actor.ema_every=1"),
+        ("sampler.sde_steps=1", "sampler.sde_window_range=[0,4]"),  # a window drawn each step
+    ],
+)
 def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, tmp_path, extra):
     whole = flow_trainer(_args(flow_workspace, tmp_path / "whole", *extra))
-    whole.fit()
+    history = whole.fit()
+    starts = [m["flow/sde_start"] for m in history]
+    windows = {0.0, 1.0, 2.0, 3.0} if "sampler.sde_steps=1" in extra else {0.0}
+    assert set(starts) == windows, starts  # seeded: each of the four steps draws its own
 
     class Stop(Exception):
         pass
@@ -104,7 +114,7 @@ def test_a_run_stopped_after_a_checkpoint_resumes_bitwise_exact(flow_workspace, 
     assert expected.keys() == actual.keys()
     for key in expected:
         assert torch.equal(expected[key], actual[key]), key
-    if extra:  # the weights' average too (two optimizer steps a step, the EMA after each)
+    if "actor.ema=true" in extra:  # the weights' average too (two optimizer steps a step)
         assert resumed.ema.calls == whole.ema.calls == 8
         for a, b in zip(whole.ema.averaged(), resumed.ema.averaged(), strict=True):
             assert torch.equal(a, b)
@@ -145,6 +155,15 @@ def test_validation_samples_with_the_weights_average(flow_workspace, tmp_path, m
         (["sampler.n=1"], "sampler.n=1 must be >= 2"),
         (["actor.ppo_mini_batch_size=3"], "must divide the images of a step"),
         (["sampler.sde_start=9"], "sampler.sde_start=9"),
+        (["sampler.sde_window_range=[0,4]"], "sampler.sde_window_range needs sampler.sde_steps"),
+        (
+            ["sampler.sde_steps=2", "sampler.sde_window_range=[3,4]"],
+            "sampler.sde_window_range=[3, 4] must hold a window of sampler.sde_steps=2",
+        ),
+        (
+            ["sampler.sde_steps=1", "sampler.sde_start=1", "sampler.sde_window_range=[0,4]"],
+            "sampler.sde_start=1 and sampler.sde_window_range both place the SDE window",
+        ),
         (["actor.ema_decay=1.0"], "actor.ema_decay=1.0 must be in [0, 1)"),
         (["reward.name=pickscore"], "reward.name='pickscore' is not a built-in image reward"),
         (["model.path=/nowhere"], "model.path=/nowhere is not an image flow model"),
@@ -201,10 +220,15 @@ def test_flow_grpo_keys_translate(flow_workspace, tmp_path):
     cfg = load_flow_config(None, [
         *_args(flow_workspace, tmp_path / "r"), "sample.noise_level=0.5", "train.clip_range=2e-4",
         "train.learning_rate=3e-4", "sample.num_image_per_prompt=4", "train.beta=0.04",
-        "train.ema=true",
+        "train.ema=true", "sample.sde_window_size=2", "sample.sde_window_range=[0,4]",
     ])  # fmt: skip
     assert (cfg.sampler.noise_level, cfg.actor.clip_range, cfg.actor.optim.lr) == (0.5, 2e-4, 3e-4)
     assert (cfg.sampler.n, cfg.actor.beta, cfg.actor.ema) == (4, 0.04, True)
+    assert (cfg.sampler.sde_steps, cfg.sampler.sde_window_range) == (2, [0, 4])
+    full = load_flow_config(
+        None, [*_args(flow_workspace, tmp_path / "r"), "sample.sde_window_size=0"]
+    )
+    assert full.sampler.sde_steps is None  # Flow-GRPO's 0: an SDE on every step
     cfg = load_flow_config(None, [
         *_args(flow_workspace, tmp_path / "r"), "use_lora=true", "mixed_precision=bf16",
         "train.adam_beta2=0.99", "resolution=16", "sample.global_std=true", "train.batch_size=4",

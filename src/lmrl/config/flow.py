@@ -119,6 +119,11 @@ class FlowSamplerConfig:
     sde_steps: int | None = opt(
         None, "Stochastic steps from sde_start, ODE after (Flow-GRPO-Fast: 1-2); null = all."
     )
+    sde_window_range: list[int] | None = opt(
+        None,
+        "[lo, hi]: each step places its window of sampler.sde_steps anew, starting at random in "
+        "lo..hi - sde_steps (Flow-GRPO-Fast's sde_window_range); null = at sampler.sde_start.",
+    )
     timestep_fraction: float = opt(1.0, "Fraction of the stochastic steps that train.")
     guidance_scale: float = opt(1.0, "Classifier-free guidance weight (1 = none).")
     logprob_reduce: Literal["mean", "sum"] = opt(
@@ -225,6 +230,33 @@ def resolve_flow_config(cfg: FlowConfig) -> FlowConfig:
     return cfg
 
 
+def _window_errors(s: FlowSamplerConfig) -> list[str]:
+    """What is wrong with ``sampler.sde_window_range`` (none when it is null)."""
+    window = s.sde_window_range
+    if window is None:
+        return []
+    if len(window) != 2:
+        return [f"sampler.sde_window_range={window} must be two steps [lo, hi]"]
+    if s.sde_steps is None:
+        return [
+            "sampler.sde_window_range needs sampler.sde_steps, the size of the window it places "
+            "(Flow-GRPO: sample.sde_window_size)"
+        ]
+    if s.sde_start != 0:
+        return [
+            f"sampler.sde_start={s.sde_start} and sampler.sde_window_range both place the SDE "
+            "window: give one of them"
+        ]
+    lo, hi = window
+    if not 0 <= lo <= hi - s.sde_steps or hi > s.num_steps:
+        return [
+            f"sampler.sde_window_range={window} must hold a window of sampler.sde_steps="
+            f"{s.sde_steps} inside the sampler.num_steps={s.num_steps} steps (0 <= lo <= "
+            "hi - sde_steps, hi <= num_steps)"
+        ]
+    return []
+
+
 def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -> None:
     """Check the ranges a key's type cannot catch.
 
@@ -260,7 +292,7 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
         ("actor.ema_decay", lambda x: 0 <= x < 1, "must be in [0, 1)"),
         ("actor.ema_every", lambda x: x >= 1, "must be >= 1"),
     )
-    errors = range_errors(cfg, checks)
+    errors = range_errors(cfg, checks) + _window_errors(s)
     if cfg.model.lora_path is not None and cfg.model.lora_rank == 0:
         errors.append(
             "model.lora_path needs a LoRA: set model.lora_rank to the adapter's rank (Flow-GRPO: "

@@ -485,7 +485,9 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("sample.guidance_scale", "sampler.guidance_scale", targets=_ONLY_FLOW),
     Rule("sample.noise_level", "sampler.noise_level", targets=_ONLY_FLOW),
     Rule("sample.num_image_per_prompt", "sampler.n", targets=_ONLY_FLOW),
-    Rule("sample.sde_window_size", "sampler.sde_steps", targets=_ONLY_FLOW),
+    Rule("sample.sde_window_size", "sampler.sde_steps", skip=(0,), note="0 is an SDE on every "
+         "step, lmrl's default (sampler.sde_steps=null)", targets=_ONLY_FLOW),
+    Rule("sample.sde_window_range", "sampler.sde_window_range", targets=_ONLY_FLOW),
     Rule("train.learning_rate", "actor.optim.lr", targets=_ONLY_FLOW),
     Rule("train.adam_weight_decay", "actor.optim.weight_decay", targets=_ONLY_FLOW),
     Rule("train.clip_range", "actor.clip_range", targets=_ONLY_FLOW),

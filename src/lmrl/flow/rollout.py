@@ -14,8 +14,10 @@ denoising steps:
 Which steps are stochastic: all of them by default (Flow-GRPO), or a window of ``sde_steps``
 consecutive steps starting at ``sde_start`` with ODE steps elsewhere (Flow-GRPO-Fast /
 MixGRPO: one or two SDE steps in a deterministic trajectory cost one or two training steps).
-Only SDE steps can train (an ODE step has no log-prob); ``timestep_fraction`` keeps the first
-part of them.
+With ``window_range = (lo, hi)`` each call of `FlowSampler.sample` places the window anew, its
+start drawn uniformly from ``lo .. hi - sde_steps`` with the call's generator (Flow-GRPO-Fast's
+``sde_window_range``; the same generator state gives the same window). Only SDE steps can train
+(an ODE step has no log-prob); ``timestep_fraction`` keeps the first part of them.
 
 Classifier-free guidance: with ``guidance_scale != 1`` and ``uncond`` given, the velocity is
 ``v_u + w (v_c - v_u)`` (both in one batched call).
@@ -65,6 +67,8 @@ class FlowSampler:
         sde_start: first SDE step (0-based).
         sde_steps: SDE steps from ``sde_start``; None = to the end.
         timestep_fraction: fraction of the SDE steps that train (the first ones).
+        window_range: ``(lo, hi)``: each rollout draws the window's start from
+            ``lo .. hi - sde_steps`` (needs ``sde_steps``); None = the window at ``sde_start``.
         guidance_scale: classifier-free guidance weight ``w`` (1 = none).
         reduce: ``"mean"`` (Flow-GRPO) or ``"sum"`` log-prob over a latent's dimensions.
     """
@@ -75,6 +79,7 @@ class FlowSampler:
     sde_start: int = 0
     sde_steps: int | None = None
     timestep_fraction: float = 1.0
+    window_range: tuple[int, int] | None = None
     guidance_scale: float = 1.0
     reduce: str = "mean"
 
@@ -88,21 +93,43 @@ class FlowSampler:
             raise ValueError(f"timestep_fraction must be in (0, 1], got {self.timestep_fraction}")
         if self.noise_level < 0:
             raise ValueError(f"noise_level must be >= 0, got {self.noise_level}")
+        if self.window_range is not None:
+            lo, hi = self.window_range
+            if self.sde_steps is None:
+                raise ValueError("window_range needs sde_steps (the size of the window)")
+            if not 0 <= lo <= hi - self.sde_steps or hi > self.num_steps:
+                raise ValueError(
+                    f"window_range must hold a window of {self.sde_steps} steps inside the "
+                    f"{self.num_steps} steps (0 <= lo <= hi - sde_steps, hi <= num_steps), got "
+                    f"{tuple(self.window_range)}"
+                )
 
     @property
     def t_cap(self) -> float:
         """The schedule's second time (stands in for t = 1 in the noise level)."""
         return float(self.times[1])
 
-    def sde_mask(self) -> torch.Tensor:
-        """(K,) bool: the steps that are stochastic."""
-        end = self.num_steps if self.sde_steps is None else self.sde_start + self.sde_steps
-        steps = torch.arange(self.num_steps)
-        return (steps >= self.sde_start) & (steps < min(end, self.num_steps))
+    def window_start(self, generator: torch.Generator | None = None) -> int:
+        """The first SDE step of a rollout: ``sde_start``, or with ``window_range`` a start
+        drawn with ``generator`` (see the module docstring)."""
+        if self.window_range is None:
+            return self.sde_start
+        lo, hi = self.window_range
+        device = generator.device if generator is not None else "cpu"
+        high = hi - int(self.sde_steps) + 1
+        return int(torch.randint(lo, high, (1,), generator=generator, device=device))
 
-    def train_mask(self) -> torch.Tensor:
+    def sde_mask(self, start: int | None = None) -> torch.Tensor:
+        """(K,) bool: the steps that are stochastic in a window from ``start`` (default
+        ``sde_start``)."""
+        start = self.sde_start if start is None else start
+        end = self.num_steps if self.sde_steps is None else start + self.sde_steps
+        steps = torch.arange(self.num_steps)
+        return (steps >= start) & (steps < min(end, self.num_steps))
+
+    def train_mask(self, start: int | None = None) -> torch.Tensor:
         """(K,) bool: the SDE steps that train (the first ``timestep_fraction`` of them)."""
-        sde = self.sde_mask()
+        sde = self.sde_mask(start)
         keep = max(1, math.ceil(self.timestep_fraction * int(sde.sum())))
         return sde & (torch.cumsum(sde.long(), 0) <= keep)
 
@@ -122,7 +149,8 @@ class FlowSampler:
             a `Batch` with the keys of the module docstring.
         """
         b, k = noise.shape[0], self.num_steps
-        sde = self.sde_mask()
+        start = self.window_start(generator)
+        sde = self.sde_mask(start)
         x = noise.float()
         latents, nexts, log_probs = [], [], []
         for j in range(k):
@@ -148,7 +176,7 @@ class FlowSampler:
                 "log_probs": torch.stack(log_probs, 1),
                 "timesteps": times[:-1].expand(b, k).clone(),
                 "next_timesteps": times[1:].expand(b, k).clone(),
-                "step_mask": self.train_mask().to(x.device).expand(b, k).clone(),
+                "step_mask": self.train_mask(start).to(x.device).expand(b, k).clone(),
                 "images": x,
                 "cond": cond,
             }

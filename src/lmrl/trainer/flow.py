@@ -313,6 +313,7 @@ def build_flow(cfg: FlowConfig, evaluate: Path | None = None) -> FlowParts:
     sampler = FlowSampler(
         num_steps=s.num_steps, noise_level=s.noise_level, shift=shift,
         sde_start=s.sde_start, sde_steps=s.sde_steps, timestep_fraction=s.timestep_fraction,
+        window_range=None if s.sde_window_range is None else tuple(s.sde_window_range),
         guidance_scale=s.guidance_scale, reduce=s.logprob_reduce,
     )  # fmt: skip
     val_sampler = FlowSampler(
@@ -449,6 +450,7 @@ class FlowTrainer(RunsOnLoop):
                 "critic/score/mean": float(scores.mean()),
                 "critic/score/std": float(scores.std()),
                 "flow/zero_spread_groups": zero_spread_fraction(scores, groups),
+                "flow/sde_start": float(batch["step_mask"][0].long().argmax()),
                 ZERO_SPREAD_KEY: zero_spread_fraction(scores, groups),  # the health check's
                 "timing_s/sample": sampled - start,
                 "timing_s/reward": scored - sampled,
