@@ -81,6 +81,28 @@ def test_a_window_range_places_the_window_anew_in_each_rollout(pretrained):
             FlowSampler(num_steps=8, sde_steps=2, window_range=bad)
 
 
+def test_the_ratio_clips_at_its_own_low_and_high_bounds(pretrained):
+    sampler = FlowSampler(num_steps=4)
+    batch, cond, _ = _rollout(pretrained, sampler)
+    adv = flow_advantages(right_side_reward(batch["images"]), cond.tolist())
+    moved = copy.deepcopy(pretrained)
+    with torch.no_grad():  # a policy the rollout no longer matches: ratios away from 1
+        for p in moved.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    fractions = {}
+    for bounds in ((None, None), (10.0, None), (None, 10.0), (10.0, 10.0)):
+        model = copy.deepcopy(moved)
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        low, high = bounds
+        settings = FlowGRPOConfig(clip_range=1e-4, clip_range_low=low, clip_range_high=high)
+        metrics = FlowGRPO(model, sampler, opt, settings).update(batch, adv)
+        fractions[bounds] = metrics["actor/pg_clipfrac"]
+    both, wide_low, wide_high, wide = (fractions[b] for b in fractions)
+    assert both > 0 and wide == 0  # 1e-4 both ways clips; 10 both ways clips nothing
+    assert 0 < wide_low < both and 0 < wide_high < both  # each side clips its own share
+    assert wide_low + wide_high == pytest.approx(both)
+
+
 @pytest.mark.parametrize("guidance", [1.0, 3.0])
 def test_recomputed_log_probs_equal_the_rollouts_so_nothing_clips_at_first(pretrained, guidance):
     model = copy.deepcopy(pretrained)

@@ -229,6 +229,23 @@ def test_flow_grpo_keys_translate(flow_workspace, tmp_path):
         None, [*_args(flow_workspace, tmp_path / "r"), "sample.sde_window_size=0"]
     )
     assert full.sampler.sde_steps is None  # Flow-GRPO's 0: an SDE on every step
+    data = flow_workspace / "data"
+    notices: list[str] = []
+    cfg = load_flow_config(None, [
+        *_args(flow_workspace, tmp_path / "r"), "data.val_files=null", f"dataset={data}",
+        "train.clip_range_lt=1e-5", "train.clip_range_gt=2e-5", "train.adam_epsilon=1e-8",
+        f"save_dir={tmp_path / 'saved'}", "prompt_fn=geneval", "train.timestep_shift=3.0",
+    ], notices=notices)  # fmt: skip
+    assert (cfg.data.train_files, cfg.data.val_files) == (str(data), None)  # val set: kept
+    assert (cfg.actor.clip_range_low, cfg.actor.clip_range_high) == (1e-5, 2e-5)
+    assert cfg.trainer.default_local_dir == str(tmp_path / "saved")
+    said = " ".join(notices)
+    assert "train.adam_epsilon" in said and "prompt_fn='geneval' changes nothing" in said
+    assert "train.timestep_shift=3.0 changes nothing" in said
+    # Flow-GRPO's dataset directory holds both splits: it is the validation prompts too
+    args = [a for a in _args(flow_workspace, tmp_path / "r") if not a.startswith("data.")]
+    cfg = load_flow_config(None, [*args, f"dataset={data}"])
+    assert cfg.data.train_files == cfg.data.val_files == str(data)
     cfg = load_flow_config(None, [
         *_args(flow_workspace, tmp_path / "r"), "use_lora=true", "mixed_precision=bf16",
         "train.adam_beta2=0.99", "resolution=16", "sample.global_std=true", "train.batch_size=4",

@@ -146,6 +146,12 @@ class FlowActorConfig:
     """The Flow-GRPO update."""
 
     clip_range: float = opt(1e-4, "PPO's epsilon on each step's ratio (tiny: log-probs are means).")
+    clip_range_low: float | None = opt(
+        None, "The ratio's lower clip is 1 - this (Flow-GRPO: clip_range_lt); null = clip_range."
+    )
+    clip_range_high: float | None = opt(
+        None, "The ratio's upper clip is 1 + this (Flow-GRPO: clip_range_gt); null = clip_range."
+    )
     adv_clip_max: float = opt(5.0, "Advantages are clipped to [-adv_clip_max, adv_clip_max].")
     norm_adv_by_std: bool = opt(True, "GRPO (true) or Dr.GRPO (false: no division by the std).")
     global_std: bool = opt(
@@ -279,6 +285,8 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
         ("sampler.sde_steps", lambda x: x is None or x >= 1, "must be >= 1 (or null)"),
         ("sampler.timestep_fraction", lambda x: 0 < x <= 1, "must be in (0, 1]"),
         ("actor.clip_range", lambda x: x > 0, "must be > 0"),
+        ("actor.clip_range_low", lambda x: x is None or x > 0, "must be > 0 (or null)"),
+        ("actor.clip_range_high", lambda x: x is None or x > 0, "must be > 0 (or null)"),
         ("actor.adv_clip_max", lambda x: x > 0, "must be > 0"),
         ("actor.beta", lambda x: x >= 0, "must be >= 0"),
         ("actor.micro_batch_size", lambda x: x >= 1, "must be >= 1"),

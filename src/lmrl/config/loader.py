@@ -425,6 +425,7 @@ def _build(
 ) -> Config:
     cfg = kind.root()
     spec = schema(kind.root)
+    deferred: list[tuple[str, _Entry, Any]] = []  # (path, entry, value) of Translation.also
     for layer in layers:
         seen: dict[str, tuple[_Entry, Any]] = {}
         for entry in layer:
@@ -489,6 +490,11 @@ def _build(
             # a notice quotes what the user wrote (param_offload=true, not offload='params')
             written[path] = (entry, value if tr.update is None else entry.value)
             _set(cfg, path, value)
+            deferred += [(other, entry, tr.value) for other in tr.also]
+    for path, entry, given in deferred:  # Translation.also: where no key set the path itself
+        if path not in written:
+            written[path] = (entry, given)
+            _set(cfg, path, coerce(given, spec[path].type, entry.raw))
     return cfg
 
 

@@ -55,6 +55,8 @@ class Translation:
         error: a message when the key's value asks for something lmrl cannot do.
         update: when set, the value to set is ``update(the path's current value)`` (one of
             several verl switches folded into one key); ``value`` is the switch as given.
+        also: more of our paths that take ``value`` unless a key of the config sets them
+            (Flow-GRPO's ``dataset`` is both the training and the validation prompts).
     """
 
     key: str
@@ -63,6 +65,7 @@ class Translation:
     notice: str | None = None
     error: str | None = None
     update: Callable[[Any], Any] | None = None
+    also: tuple[str, ...] = ()
 
 
 def rules_for(target: str) -> tuple[Rule, ...]:
@@ -113,9 +116,16 @@ def _rewrite(rule: Rule, path: str) -> str:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal values, where a bool only equals the same bool (``0 == False`` is not a match)."""
+    """Equal values, where a bool only equals the same bool (``0 == False`` is not a match) and
+    a number written as YAML reads it, a string (``1e-8``: YAML 1.1 floats need a dot), equals
+    that number."""
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
+    if isinstance(a, str) and isinstance(b, int | float):
+        try:
+            return float(a) == b
+        except ValueError:
+            return False
     return a == b
 
 
@@ -130,7 +140,7 @@ def translate(key: str, value: Any, target: str = TRAIN) -> Translation:
         A ``Translation``; a key no rule knows is returned unchanged (the caller checks it
         against the schema).
     """
-    path = key
+    path, also = key, ()
     for _ in range(8):  # rules compose a few times at most; the bound guards against cycles
         rule = _match(path, target)
         if rule is None:
@@ -156,11 +166,12 @@ def translate(key: str, value: Any, target: str = TRAIN) -> Translation:
                 return Translation(key, None, error=f"{key}: expected true or false, got {value!r}")
             update = functools.partial(_switch, rule.flag, value)
             return Translation(key, rule.ours, value, update=update)
+        also = also or rule.also
         new = _rewrite(rule, path)
         if new == path:
             break
         path = new
-    return Translation(key, path, value)
+    return Translation(key, path, value, also=also)
 
 
 def _set_item(index: int, value: Any, current: list) -> list:

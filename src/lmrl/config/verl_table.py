@@ -45,6 +45,7 @@ class Rule:
             (Flow-GRPO's ``mixed_precision=bf16`` -> ``bfloat16``); any other value is an error.
         index: for a key that is one item of a list of ours (Flow-GRPO's ``train.adam_beta1``
             -> ``actor.optim.betas[0]``): the item it sets.
+        also: more paths of ours that take the value unless the config sets them itself.
     """
 
     verl: str
@@ -58,6 +59,7 @@ class Rule:
     accepts: Callable[[Any], str | None] | None = None
     values: tuple[tuple[Any, Any], ...] = ()
     index: int | None = None
+    also: tuple[str, ...] = ()
 
 
 #: ``actor.offload`` / ``critic.offload``: each value and verl's FSDP flags it stands for
@@ -491,6 +493,8 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("train.learning_rate", "actor.optim.lr", targets=_ONLY_FLOW),
     Rule("train.adam_weight_decay", "actor.optim.weight_decay", targets=_ONLY_FLOW),
     Rule("train.clip_range", "actor.clip_range", targets=_ONLY_FLOW),
+    Rule("train.clip_range_lt", "actor.clip_range_low", targets=_ONLY_FLOW),
+    Rule("train.clip_range_gt", "actor.clip_range_high", targets=_ONLY_FLOW),
     Rule("train.adv_clip_max", "actor.adv_clip_max", targets=_ONLY_FLOW),
     Rule("train.beta", "actor.beta", targets=_ONLY_FLOW),
     Rule("train.timestep_fraction", "sampler.timestep_fraction", targets=_ONLY_FLOW),
@@ -501,6 +505,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("eval_freq", "trainer.test_freq", targets=_ONLY_FLOW),
     Rule("run_name", "trainer.experiment_name", targets=_ONLY_FLOW),
     Rule("pretrained.model", "model.path", targets=_ONLY_FLOW),
+    Rule("dataset", "data.train_files", also=("data.val_files",), targets=_ONLY_FLOW),
     Rule("pretrained.revision", None, _FLOW_LOCAL, only=("main", None), targets=_ONLY_FLOW),
     Rule("resolution", "model.resolution", targets=_ONLY_FLOW),
     Rule("use_lora", None, "full fine-tuning is model.lora_rank=0 (the default)",
@@ -534,6 +539,13 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("train.use_8bit_adam", None, "AdamW is torch's", only=(False,), targets=_ONLY_FLOW),
     Rule("allow_tf32", None, _FLOW_LOCAL, targets=_ONLY_FLOW),
     Rule("debug", None, _FLOW_LOCAL, targets=_ONLY_FLOW),
+    Rule("train.timestep_shift", None, "BAGEL's schedule shift; lmrl's is sampler.shift",
+         targets=_ONLY_FLOW),
+    Rule("prompt_fn", None, "the prompts are data.train_files' (or dataset's)", targets=_ONLY_FLOW),
+    Rule("prompt_fn_kwargs.*", None, "the prompts are data.train_files' (or dataset's)",
+         targets=_ONLY_FLOW),
+    Rule("save_dir", "trainer.default_local_dir", skip=("",), note="the run directory stays "
+         "trainer.default_local_dir", targets=_ONLY_FLOW),
     Rule("logdir", None, "the run directory is trainer.default_local_dir", targets=_ONLY_FLOW),
     Rule("activation_checkpointing", None, _FLOW_LOCAL, only=(False,), targets=_ONLY_FLOW),
     Rule("fsdp_optimizer_offload", None, _FLOW_LOCAL, only=(False,), targets=_ONLY_FLOW),

@@ -54,6 +54,8 @@ class FlowGRPOConfig:
 
     Attributes:
         clip_range: PPO's epsilon on the per-step ratio.
+        clip_range_low, clip_range_high: the ratio is clipped to ``[1 - low, 1 + high]``
+            (Flow-GRPO's ``clip_range_lt`` / ``clip_range_gt``); None = ``clip_range``.
         adv_clip_max: advantages are clipped to [-adv_clip_max, adv_clip_max].
         norm_adv_by_std: GRPO (True) or Dr.GRPO (False, no division by the group's std).
         beta: weight of the KL to the reference; 0 = no reference needed.
@@ -66,6 +68,8 @@ class FlowGRPOConfig:
     """
 
     clip_range: float = 1e-4
+    clip_range_low: float | None = None
+    clip_range_high: float | None = None
     adv_clip_max: float = 5.0
     norm_adv_by_std: bool = True
     beta: float = 0.0
@@ -243,6 +247,7 @@ class FlowGRPO:
                 loss, pg = self._loss(
                     extra["old"][:, j : j + 1], step.log_prob.unsqueeze(1), adv, m,
                     "token-mean", norm=norm, clip_ratio=cfg.clip_range,
+                    clip_ratio_low=cfg.clip_range_low, clip_ratio_high=cfg.clip_range_high,
                 )  # fmt: skip
                 stats["actor/pg_loss"] = stats["actor/pg_loss"] + loss.detach()
                 stats["actor/pg_clipfrac"] = stats["actor/pg_clipfrac"] + pg["pg_clipfrac"] * weight

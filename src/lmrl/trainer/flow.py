@@ -325,7 +325,8 @@ def build_flow(cfg: FlowConfig, evaluate: Path | None = None) -> FlowParts:
         params, lr=a.optim.lr, weight_decay=a.optim.weight_decay, betas=tuple(a.optim.betas)
     )
     settings = FlowGRPOConfig(
-        clip_range=a.clip_range, adv_clip_max=a.adv_clip_max,
+        clip_range=a.clip_range, clip_range_low=a.clip_range_low,
+        clip_range_high=a.clip_range_high, adv_clip_max=a.adv_clip_max,
         norm_adv_by_std=a.norm_adv_by_std, beta=a.beta, std_scale=a.std_scale,
         mini_batch_size=a.ppo_mini_batch_size, micro_batch_size=a.micro_batch_size,
         ppo_epochs=a.ppo_epochs, max_grad_norm=a.max_grad_norm,
