@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from lmrl.cli import main as cli_main
+from lmrl.config.errors import ConfigError
 from lmrl.config.flow import load_flow_config
 from lmrl.errors import CheckpointError
 from lmrl.trainer.flow import FlowTrainer, build_flow
@@ -246,6 +247,8 @@ def test_flow_grpo_keys_translate(flow_workspace, tmp_path):
     args = [a for a in _args(flow_workspace, tmp_path / "r") if not a.startswith("data.")]
     cfg = load_flow_config(None, [*args, f"dataset={data}"])
     assert cfg.data.train_files == cfg.data.val_files == str(data)
+    with pytest.raises(ConfigError, match=r"reward_fn.geneval=1.0: lmrl train-flow trains on one"):
+        load_flow_config(None, [*args, f"dataset={data}", "reward_fn.geneval=1.0"])
     cfg = load_flow_config(None, [
         *_args(flow_workspace, tmp_path / "r"), "use_lora=true", "mixed_precision=bf16",
         "train.adam_beta2=0.99", "resolution=16", "sample.global_std=true", "train.batch_size=4",

@@ -109,6 +109,11 @@ _SFT_NO = "not available in lmrl sft"
 _ONLY_SFT = (SFT,)
 _ONLY_FLOW = (FLOW,)
 _FLOW_LOCAL = "a Flow-GRPO launch setting; lmrl train-flow runs in one process"
+_FLOW_REWARD = (
+    "lmrl train-flow trains on one reward: reward.name=NAME (a built-in, e.g. geneval; "
+    "`lmrl train-flow --help` lists them) or reward.path=FILE reward.name=FN; a weighted sum of "
+    "rewards is a function of such a file"
+)
 _FLOW_BATCH = (
     "Flow-GRPO's per-GPU batching; lmrl samples data.train_batch_size prompts x sampler.n images "
     "a step and updates per actor.ppo_mini_batch_size"
@@ -544,6 +549,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("prompt_fn", None, "the prompts are data.train_files' (or dataset's)", targets=_ONLY_FLOW),
     Rule("prompt_fn_kwargs.*", None, "the prompts are data.train_files' (or dataset's)",
          targets=_ONLY_FLOW),
+    Rule("reward_fn.*", "reward.name", accepts=lambda _: _FLOW_REWARD, targets=_ONLY_FLOW),
     Rule("save_dir", "trainer.default_local_dir", skip=("",), note="the run directory stays "
          "trainer.default_local_dir", targets=_ONLY_FLOW),
     Rule("logdir", None, "the run directory is trainer.default_local_dir", targets=_ONLY_FLOW),
