@@ -549,7 +549,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("prompt_fn", None, "the prompts are data.train_files' (or dataset's)", targets=_ONLY_FLOW),
     Rule("prompt_fn_kwargs.*", None, "the prompts are data.train_files' (or dataset's)",
          targets=_ONLY_FLOW),
-    Rule("reward_fn.*", "reward.name", accepts=lambda _: _FLOW_REWARD, targets=_ONLY_FLOW),
+    Rule("reward_fn.*", None, _FLOW_REWARD, only=(None,), targets=_ONLY_FLOW),
     Rule("save_dir", "trainer.default_local_dir", skip=("",), note="the run directory stays "
          "trainer.default_local_dir", targets=_ONLY_FLOW),
     Rule("logdir", None, "the run directory is trainer.default_local_dir", targets=_ONLY_FLOW),
