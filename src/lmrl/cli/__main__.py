@@ -1,0 +1,7 @@
+"""``python -m lmrl.cli``: the ``lmrl`` command."""
+
+import sys
+
+from lmrl.cli import main
+
+sys.exit(main())
