@@ -176,6 +176,32 @@ def test_local_sweep_stops_the_worse_trial_at_the_first_rung(tiny_workspace, tmp
     assert "total_training_steps" not in best  # the sweep's own settings stay out of it
 
 
+def test_trials_probe_their_run_directories_under_a_trials_dir_that_stays(tiny_workspace, tmp_path):
+    """Trials launched at once (Ray Tune) each probe their run directory, and a probe removes
+    the directories it made: trials/ is the sweep's own, made before any trial, so one trial's
+    probe cannot remove it under another's mkdir (a CI failure: "trials/01 is not writable: No
+    such file or directory")."""
+    from lmrl.trainer.resume import check_run_dir
+    from lmrl.trainer.sweep import plan_sweep, run_sweep
+
+    sweep = plan_sweep(
+        None, _tiny_sweep_args(tiny_workspace, tmp_path),
+        ["reward.custom_reward_function.reward_kwargs.scale=1,2"], out=tmp_path / "sweep",
+    )  # fmt: skip
+
+    class Launched(Exception):
+        pass
+
+    def launch(sweep):
+        check_run_dir(sweep.trial_dir(0))  # trial 00's probe, as it starts
+        assert sweep.trial_dir(0).parent.is_dir()  # trial 01 still finds trials/
+        check_run_dir(sweep.trial_dir(1))
+        raise Launched
+
+    with pytest.raises(Launched):
+        run_sweep(sweep, launch)
+
+
 def test_ray_tune_sweep_runs_both_trials_and_stops_ray(tiny_workspace, tmp_path, capsys):
     pytest.importorskip("ray.tune")
     from lmrl.trainer.sweep import plan_sweep, run_sweep

@@ -461,7 +461,10 @@ def run_sweep(
     ``lmrl.trainer.sweep_ray.run_ray``), then write the results; returns the records and
     `write_results`'s paths."""
     runner = runner or run_local
-    sweep.out.mkdir(parents=True, exist_ok=True)
+    # trials/ exists before any trial starts: trials launched at once (Ray Tune) each probe
+    # their run directory, and a probe removes the directories it made, so a trials/ made by
+    # one trial's probe could vanish under another's mkdir
+    sweep.trial_dir(0).parent.mkdir(parents=True, exist_ok=True)
     (sweep.out / "sweep.json").write_text(json.dumps({
         "config": str(sweep.config) if sweep.config else None, "overrides": list(sweep.overrides),
         "trials": list(sweep.trials), "steps": sweep.steps, "test_freq": sweep.test_freq,
