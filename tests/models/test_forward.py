@@ -24,8 +24,8 @@ from lmrl.models.forward import (
     can_share_prompts,
     forward_log_probs_and_kl,
     fused_head,
-    prompt_groups,
 )
+from lmrl.models.layout import prompt_groups
 from lmrl.models.prefix import prefix_cache
 
 from .conftest import needs_replayable

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lmrl.models import apply_lora, build_tiny_model, compute_log_probs, load_causal_lm
-from lmrl.models.forward import distinct_rows
+from lmrl.models.layout import distinct_rows
 from lmrl.rollout import HFEngine, SamplingParams
 from lmrl.rollout.sampling import Draws, _draw, _truncate
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.host_reads import HostReads
 
 from lmrl.algos import agg_loss, policy_losses
 from lmrl.algos.losses import loss_hyperparameters
@@ -254,3 +255,34 @@ def test_a_hyperparameter_the_config_lacks_is_named(monkeypatch, actor_factory, 
 def test_policy_loss_kwargs_of_reinforce_is_empty():
     cfg = ActorConfig(policy_loss=PolicyLossConfig(loss_mode="reinforce"))
     assert policy_loss_kwargs(cfg) == {}
+
+
+# ------------------------------------------------------------------ no host reads per micro
+
+
+@pytest.mark.parametrize("overrides", [
+    {"use_kl_loss": True, "entropy_coeff": 0.01},
+    {"use_kl_loss": True, "kl_loss_type": "full", "loss_agg_mode": "seq-mean-token-mean"},
+    {"loss_mode": "gspo", "loss_agg_mode": "seq-mean-token-sum-norm"},
+], ids=["k3+entropy", "full-kl", "gspo"])  # fmt: skip
+def test_a_micro_batch_of_the_update_reads_nothing_back(
+    tiny_dir, other_dir, batch_factory, with_log_probs, actor_factory, monkeypatch, overrides
+):
+    """Each micro-batch's forward, loss and backward queue work without reading the device
+    back (on a GPU the host stays ahead of it): the layout of the rows is read once, before."""
+    worker = actor_factory(
+        _policy(tiny_dir), _other_reference(other_dir), ppo_micro_batch_size=2, **overrides
+    )
+    batch = with_log_probs(batch_factory(), worker)
+    reads, micro_step = HostReads(), worker._micro_step
+
+    def watched(*args, **kwargs):
+        with reads:
+            micro_step(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "_micro_step", watched)
+    worker.update_actor(batch)
+    assert reads.reads == []
+    monkeypatch.setattr(actor_module, "with_row_layout", lambda batch: batch)  # the check sees
+    worker.update_actor(batch)
+    assert any("trim_batch" in where for _, where in reads.reads)

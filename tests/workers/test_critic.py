@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.host_reads import HostReads
 
 from lmrl.models import load_critic
 from lmrl.workers import critic as critic_module
@@ -76,3 +77,29 @@ def test_the_update_does_not_depend_on_the_micro_batch_size(
         grads_close(steps[i], steps[0], tol=1e-6)  # values leave the model as float32
         for key in ("critic/vf_loss", "critic/vf_clipfrac"):
             torch.testing.assert_close(metrics[i][key], metrics[0][key], rtol=1e-6, atol=0)
+
+
+def test_a_micro_batch_of_the_update_reads_nothing_back(
+    tiny_dir, batch_factory, critic_factory, monkeypatch
+):
+    """The critic's forward, value loss and backward per micro-batch read nothing back from
+    the device (the rows' layout is read once, before); without the layout they do."""
+    worker = critic_factory(_critic(tiny_dir), ppo_micro_batch_size=2)
+    batch = _with_targets(batch_factory(), worker)
+    reads = HostReads()
+    for name in ("forward_values", "value_loss"):
+        real = getattr(critic_module, name)
+
+        def watched(*args, real=real, **kwargs):
+            with reads:
+                out = real(*args, **kwargs)
+                if isinstance(out, torch.Tensor):
+                    out.sum().backward(retain_graph=True)
+                return out
+
+        monkeypatch.setattr(critic_module, name, watched)
+    worker.update_critic(batch)
+    assert reads.reads == []
+    monkeypatch.setattr(critic_module, "with_row_layout", lambda batch: batch)
+    worker.update_critic(batch)
+    assert any("trim_batch" in where for _, where in reads.reads)

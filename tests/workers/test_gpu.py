@@ -122,3 +122,50 @@ def test_one_nccl_rank_updates_as_one_cpu_process(tiny_dir, cpu_runs, nccl_rank,
     offload = strategy == "fsdp2-offload"
     dp = DDP(0, 1) if strategy == "ddp" else FSDP2(0, 1, param_offload=offload)
     _assert_same(cpu_runs[kind], _update(str(tiny_dir), kind, dp, "cuda"))
+
+
+@pytest.mark.parametrize("kind", ["actor", "critic"])
+def test_no_micro_batch_of_an_update_synchronizes_on_cuda(tiny_dir, monkeypatch, kind):
+    """With torch's CUDA sync debug mode set to error around each micro-batch's forward, loss
+    and backward (the driver's batch on the CPU, as the trainer hands it over): nothing in
+    them waits for the GPU (tests/host_reads.py is this check's CPU stand-in)."""
+    from lmrl.workers import actor as actor_module
+    from lmrl.workers import critic as critic_module
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    batch = make_batch(seed=3)
+    mask = batch["response_mask"]
+    common = {"rollout_n": N, "max_response_length": 4, "total_steps": 10}
+    if kind == "actor":
+        model = load_causal_lm(str(tiny_dir), dtype="float32", device="cuda")
+        cfg = actor_config(ppo_micro_batch_size=2, use_kl_loss=True, entropy_coeff=0.01)
+        worker = ActorWorker(model, cfg, temperature=1.0, log_prob_micro_batch_size=2, **common)
+        own, _ = worker.compute_log_probs(batch)
+        batch["old_log_probs"] = batch["ref_log_probs"] = torch.where(mask, own - 0.1, 0.0)
+        module, names, update = actor_module, (), worker.update_actor
+        monkeypatch.setattr(worker, "_micro_step", _no_sync(worker._micro_step))
+    else:
+        model = load_critic(str(tiny_dir), dtype="float32", device="cuda")
+        worker = CriticWorker(model, critic_config(ppo_micro_batch_size=2), **common)
+        batch["values"] = worker.compute_values(batch)
+        batch["returns"] = torch.where(mask, 0.5, 0.0)
+        module, names, update = (
+            critic_module,
+            ("forward_values", "value_loss"),
+            worker.update_critic,
+        )
+    for name in names:
+        monkeypatch.setattr(module, name, _no_sync(getattr(module, name)))
+    update(batch)
+
+
+def _no_sync(fn):
+    def watched(*args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    return watched

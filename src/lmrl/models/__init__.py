@@ -6,7 +6,8 @@ Log-probs use the chunked maths of :mod:`lmrl.algos.logprob`: no (B, T, V) fp32 
 """
 
 from lmrl.models.critic import compute_values, forward_values, load_critic
-from lmrl.models.forward import compute_log_probs, forward_log_probs, trim_batch
+from lmrl.models.forward import compute_log_probs, forward_log_probs
+from lmrl.models.layout import trim_batch
 from lmrl.models.loading import (
     ModelPathError,
     enable_gradient_checkpointing,

@@ -27,13 +27,17 @@ from torch import nn
 
 from lmrl.errors import ModelError
 from lmrl.models.forward import (
-    REQUIRED_KEYS,
     can_share_prompts,
-    check_keys,
     eval_mode,
     group_hidden,
-    micro_batches,
     plain_head,
+    takes_own_mask,
+)
+from lmrl.models.layout import (
+    MICRO_KEYS,
+    check_keys,
+    micro_batches,
+    on_device,
     prompt_groups,
     trim_batch,
 )
@@ -141,7 +145,7 @@ def forward_values(critic: nn.Module, batch, share_prompts: bool = True) -> torc
         backbone, head = parts
         values = head(group_hidden(critic, backbone, trimmed, *groups))[..., 0].float()
     else:
-        scores = critic(**trimmed.model_inputs()).logits  # (B, L', 1)
+        scores = critic(**trimmed.model_inputs(takes_own_mask(critic))).logits  # (B, L', 1)
         values = scores[:, trimmed.start : trimmed.start + trimmed.kept, 0].float()
     return trimmed.to_full(values)
 
@@ -154,8 +158,9 @@ def compute_values(critic: nn.Module, batch, micro_batch_size: int) -> torch.Ten
     """
     check_keys(batch)
     out_device = batch["responses"].device
+    batch = on_device(batch, next(critic.parameters()).device)
     values = []
     with torch.no_grad(), eval_mode(critic):
-        for piece in micro_batches(batch, micro_batch_size, (*REQUIRED_KEYS, "position_ids")):
-            values.append(forward_values(critic, piece).to(out_device))
-    return torch.cat(values)
+        for piece in micro_batches(batch, micro_batch_size, MICRO_KEYS):
+            values.append(forward_values(critic, piece))
+    return torch.cat(values).to(out_device)

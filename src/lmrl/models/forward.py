@@ -6,7 +6,9 @@ position ``P - 1 + t``. Two choices keep this cheap:
 
 - trimming: each micro-batch is cut to the columns where any row has a real token (the
   longest prompt's start to the longest response's end), so short micro-batches do not pay for
-  the padding of the longest sequence in the whole batch;
+  the padding of the longest sequence in the whole batch. `lmrl.models.layout` does it, with the
+  prompt groups and the attention masks, from what the host read of the rows once per update
+  (`with_row_layout`), so that no micro-batch reads the device back;
 - no logits: when the model ends in a plain ``nn.Linear`` output head (every Llama/Qwen/Mistral
   style model, LoRA or not), the backbone's hidden states go straight into
   :func:`lmrl.algos.logprob.log_probs_from_hidden`, so the (B, T, V) logits exist only one
@@ -38,7 +40,6 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -48,10 +49,25 @@ from torch import nn
 
 from lmrl.algos.kl import full_kl_from_hidden
 from lmrl.algos.logprob import full_kl_from_logits, log_probs_from_hidden, log_probs_from_logits
-from lmrl.models.packing import LLAMA_FAMILY, pack_groups, pack_pays, packable, packed_hidden
+from lmrl.models.layout import (
+    MICRO_KEYS,
+    Trimmed,
+    check_keys,
+    micro_batches,
+    on_device,
+    prompt_groups,
+    trim_batch,
+)
+from lmrl.models.packing import (
+    LLAMA_FAMILY,
+    pack_groups,
+    packable,
+    packed_hidden,
+    packed_width,
+    packs,
+)
 from lmrl.models.prefix import prefix_cache, prompt_cache, replayable, replayable_cache
 
-REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
 # Config fields of models whose logits are not just ``lm_head(hidden)``.
 LOGIT_TRANSFORMS = (
     "final_logit_softcapping",
@@ -75,41 +91,6 @@ class ReferencePolicy(Protocol):
     def context(self) -> contextlib.AbstractContextManager[nn.Module]: ...
 
 
-@dataclass
-class Trimmed:
-    """One micro-batch cut to its used columns.
-
-    ``input_ids``, ``attention_mask``, ``position_ids``: (B, L') on the model's device.
-    ``start``: column of the output that predicts response token 0. ``kept``: response columns
-    kept (``T`` minus the all-padding tail). ``response_length``: ``T``. ``response_valid``:
-    (B, T) bool, True at real response tokens. ``labels``: (B, kept) response tokens.
-    """
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
-    labels: torch.Tensor
-    response_valid: torch.Tensor
-    start: int
-    kept: int
-    response_length: int
-
-    def model_inputs(self) -> dict[str, torch.Tensor]:
-        return {
-            "input_ids": self.input_ids,
-            "attention_mask": self.attention_mask.long(),
-            "position_ids": self.position_ids,
-            "use_cache": False,
-        }
-
-    def to_full(self, values: torch.Tensor) -> torch.Tensor:
-        """(B, kept) -> (B, T): pad the trimmed tail and zero padded response positions."""
-        values = F.pad(values, (0, self.response_length - self.kept))
-        return torch.where(
-            self.response_valid, values, torch.zeros((), dtype=values.dtype, device=values.device)
-        )
-
-
 def compute_device(model: nn.Module) -> torch.device:
     """Where ``model`` computes: its parameters' device, or for FSDP2 shards kept on the CPU
     between uses (``CPUOffloadPolicy``), the device of their mesh."""
@@ -120,62 +101,6 @@ def compute_device(model: nn.Module) -> torch.device:
     if mesh.device_type == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device(mesh.device_type)
-
-
-def check_keys(batch) -> None:
-    """Raise a ValueError naming the first of ``REQUIRED_KEYS`` that ``batch`` lacks."""
-    for key in REQUIRED_KEYS:
-        if key not in batch:
-            raise ValueError(f"batch has no {key!r} (needs {list(REQUIRED_KEYS)})")
-
-
-def trim_batch(batch, device: torch.device | str | None = None) -> Trimmed:
-    """Cut a (micro-)batch to the columns any row uses, keeping at least one response column.
-
-    Args:
-        batch: a ``Batch`` (or any mapping) with ``input_ids`` (B, P+T), ``attention_mask``
-            (B, P+T), ``responses`` (B, T) and optionally ``position_ids`` (B, P+T) (derived
-            from the mask when absent).
-        device: move the trimmed tensors there.
-    """
-    check_keys(batch)
-    input_ids, mask, responses = (
-        batch["input_ids"],
-        batch["attention_mask"].bool(),
-        batch["responses"],
-    )
-    if input_ids.dim() != 2 or mask.shape != input_ids.shape:
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(mask.shape)} must be "
-            "the same (B, P+T) shape"
-        )
-    length, resp_len = input_ids.shape[1], responses.shape[1]
-    if responses.dim() != 2 or responses.shape[0] != input_ids.shape[0] or resp_len >= length:
-        raise ValueError(
-            f"responses {tuple(responses.shape)} must be (B, T) with T < the input_ids length "
-            f"{length}"
-        )
-    if "position_ids" in batch:
-        position_ids = batch["position_ids"]
-    else:
-        position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    prompt_len = length - resp_len
-    used = mask.any(0).nonzero().flatten().tolist()
-    first = min(used[0] if used else 0, prompt_len - 1)
-    last = max(used[-1] if used else 0, prompt_len)  # at least one response column
-    cols = slice(first, last + 1)
-    kept = last + 1 - prompt_len
-    device = device if device is not None else input_ids.device
-    return Trimmed(
-        input_ids=input_ids[:, cols].to(device),
-        attention_mask=mask[:, cols].to(device),
-        position_ids=position_ids[:, cols].to(device),
-        labels=responses[:, :kept].to(device),
-        response_valid=mask[:, prompt_len:].to(device),
-        start=prompt_len - 1 - first,
-        kept=kept,
-        response_length=resp_len,
-    )
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -235,37 +160,18 @@ def fused_head(model: nn.Module) -> tuple[nn.Module, nn.Linear] | None:
     return parts
 
 
-def prompt_groups(trimmed: Trimmed) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Rows of a trimmed micro-batch that share their prompt columns.
-
-    Returns:
-        ``(first, inverse)``: ``first`` (U,) a row index of each distinct prompt, ``inverse``
-        (B,) the distinct prompt of each row; None when every row's prompt is distinct.
-    """
-    width = trimmed.start + 1  # prompt columns of the trimmed batch
-    key = torch.cat(
-        [
-            trimmed.input_ids[:, :width],
-            trimmed.attention_mask[:, :width].long(),
-            trimmed.position_ids[:, :width],
-        ],
-        dim=1,
-    )
-    first, inverse = distinct_rows(key)
-    return None if len(first) == key.shape[0] else (first, inverse)
+def full_attention(model: nn.Module) -> bool:
+    """Every layer of ``model`` attends to the full past (none to a sliding window)."""
+    config = getattr(unwrap(model), "config", None)
+    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+    return all(t == "full_attention" for t in layer_types)
 
 
-def distinct_rows(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct rows of ``key`` (B, ...), a shared prompt's rows being equal.
-
-    Returns:
-        ``(first, inverse)``: ``first`` (U,) the index of each distinct row's first
-        occurrence, ``inverse`` (B,) the distinct row of each row.
-    """
-    distinct, inverse = torch.unique(key, dim=0, return_inverse=True)
-    rows = torch.arange(key.shape[0], device=key.device)
-    first = torch.full((len(distinct),), key.shape[0], dtype=torch.long, device=key.device)
-    return first.scatter_reduce(0, inverse, rows, reduce="amin"), inverse
+def takes_own_mask(model: nn.Module) -> bool:
+    """``model`` takes lmrl's 4-D boolean attention mask as is (`packable`: sdpa, a tested
+    type) and attends to the full past in every layer (a sliding window's mask is transformers'
+    to build): `lmrl.models.layout.Trimmed.attention` then builds it, not transformers."""
+    return packable(unwrap(model)) and full_attention(model)
 
 
 def can_share_prompts(model: nn.Module) -> bool:
@@ -275,8 +181,7 @@ def can_share_prompts(model: nn.Module) -> bool:
     (whose checkpointed decoder layers are tested to keep `lmrl.models.prefix`'s caches), on a
     device of `CHECKPOINTED_SHARING_DEVICES`, with a transformers that lets them keep one."""
     config = getattr(unwrap(model), "config", None)
-    layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    if any(t != "full_attention" for t in layer_types):
+    if not full_attention(model):
         return False
     if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
         return (
@@ -303,11 +208,14 @@ def shared_prompt_hidden(
     """
     width = trimmed.start + 1
     keyword = cache_keyword(backbone)
+    sdpa = takes_own_mask(backbone)
     with replayable_cache(backbone):
         cache = prompt_cache(backbone.config.num_hidden_layers)
         prompt = backbone(
             input_ids=trimmed.input_ids[first, :width],
-            attention_mask=trimmed.attention_mask[first, :width].long(),
+            attention_mask=trimmed.attention(
+                trimmed.attention_mask[first, :width], sdpa, trimmed.prompt_dense
+            ),
             position_ids=trimmed.position_ids[first, :width],
             use_cache=False,  # the cache passed is the one filled and read
             **{keyword: cache},
@@ -317,7 +225,9 @@ def shared_prompt_hidden(
             return last
         responses = backbone(
             input_ids=trimmed.input_ids[:, width : width + trimmed.kept - 1],
-            attention_mask=trimmed.attention_mask[:, : width + trimmed.kept - 1].long(),
+            attention_mask=trimmed.attention(
+                trimmed.attention_mask[:, : width + trimmed.kept - 1], sdpa, trimmed.dense, width
+            ),
             position_ids=trimmed.position_ids[:, width : width + trimmed.kept - 1],
             use_cache=False,  # the cache passed is the one filled and read
             **{keyword: prefix_cache(cache, inverse)},  # (U, ...) -> (B, ...), differentiable
@@ -339,18 +249,32 @@ def group_hidden(
     width = trimmed.start + 1
     valid = trimmed.response_valid[:, : trimmed.kept]
     lengths = valid.sum(1)
-    prefix = torch.arange(trimmed.kept, device=valid.device)[None, :] < lengths[:, None]
-    if (
-        packable(unwrap(model))
-        and torch.equal(valid, prefix)
-        and pack_pays(width, lengths, inverse, len(first))
-    ):
+    if packable(unwrap(model)) and (total := _packed_width(trimmed, lengths, inverse, len(first))):
         packed = pack_groups(
             trimmed.input_ids, trimmed.position_ids, trimmed.attention_mask[:, :width],
-            lengths, first, inverse, width, trimmed.kept,
+            lengths, first, inverse, width, trimmed.kept, total,
         )  # fmt: skip
         return packed_hidden(backbone, packed)
     return shared_prompt_hidden(backbone, trimmed, first, inverse)
+
+
+def _packed_width(
+    trimmed: Trimmed, lengths: torch.Tensor, inverse: torch.Tensor, groups: int
+) -> int | None:
+    """The longest packed row's columns where packing applies (every response a prefix of its
+    columns) and pays (`pack_pays`), else None; from the host's layout when there is one."""
+    width, layout = trimmed.start + 1, trimmed.layout
+    if layout is not None:
+        if not layout.all_prefix:
+            return None
+        total = width + layout.packed_tokens()
+    else:
+        valid = trimmed.response_valid[:, : trimmed.kept]
+        prefix = torch.arange(trimmed.kept, device=valid.device)[None, :] < lengths[:, None]
+        if not torch.equal(valid, prefix):
+            return None
+        total = packed_width(width, lengths, inverse, groups)
+    return total if packs(total) else None
 
 
 def response_outputs(
@@ -374,11 +298,11 @@ def response_outputs(
         if groups is not None:
             hidden = group_hidden(model, backbone, trimmed, *groups)
         else:
-            hidden = backbone(**trimmed.model_inputs()).last_hidden_state
+            hidden = backbone(**trimmed.model_inputs(takes_own_mask(backbone))).last_hidden_state
             hidden = hidden[:, trimmed.start : trimmed.start + trimmed.kept]
         return hidden, lm_head
     inner = unwrap(model)
-    inputs = trimmed.model_inputs()
+    inputs = trimmed.model_inputs(takes_own_mask(inner))
     keep = trimmed.input_ids.shape[1] - trimmed.start  # outputs from ``start`` to the end
     if "logits_to_keep" in inspect.signature(inner.forward).parameters:
         inputs["logits_to_keep"] = keep
@@ -514,16 +438,6 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
             module.training = training
 
 
-def micro_batches(batch, micro_batch_size: int, keys: tuple[str, ...]) -> Iterator[dict]:
-    """Consecutive row slices of the given ``keys`` of ``batch``, ``micro_batch_size`` rows each."""
-    if not isinstance(micro_batch_size, int) or micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be a positive int, got {micro_batch_size!r}")
-    n = batch["input_ids"].shape[0]
-    present = [k for k in keys if k in batch]
-    for i in range(0, n, micro_batch_size):
-        yield {k: batch[k][i : i + micro_batch_size] for k in present}
-
-
 def compute_log_probs(
     model: nn.Module,
     batch,
@@ -553,15 +467,16 @@ def compute_log_probs(
         positions; ``entropy`` is None unless ``with_entropy``.
     """
     check_keys(batch)
-    keys = (*REQUIRED_KEYS, "position_ids")
     out_device = batch["responses"].device
+    batch = on_device(batch, compute_device(model))
     log_probs, entropies = [], []
     with torch.no_grad(), eval_mode(model):
-        for piece in micro_batches(batch, micro_batch_size, keys):
+        for piece in micro_batches(batch, micro_batch_size, MICRO_KEYS):
             lp, ent = forward_log_probs(
                 model, piece, temperature, with_entropy, chunk_size, share_prompts
             )
-            log_probs.append(lp.to(out_device))
+            log_probs.append(lp)
             if ent is not None:
-                entropies.append(ent.to(out_device))
-    return torch.cat(log_probs), (torch.cat(entropies) if with_entropy else None)
+                entropies.append(ent)
+    entropy = torch.cat(entropies).to(out_device) if with_entropy else None
+    return torch.cat(log_probs).to(out_device), entropy

@@ -36,6 +36,8 @@ __all__ = [
     "pack_pays",
     "packable",
     "packed_hidden",
+    "packed_width",
+    "packs",
 ]
 
 MAX_PACKED = 512  # the longest packed row where packing is used (see the module docstring)
@@ -75,9 +77,20 @@ def packable(model: nn.Module) -> bool:
 
 
 def pack_pays(width: int, lengths: torch.Tensor, inverse: torch.Tensor, groups: int) -> bool:
-    """Packing is used when the longest packed row (``width`` prompt columns plus the response
-    tokens of its rows but their last) is at most `MAX_PACKED` tokens."""
-    return width + int(_segments(lengths, inverse, groups)[1].max()) <= MAX_PACKED
+    """Packing is used when the longest packed row (`packed_width`) is at most `MAX_PACKED`
+    tokens."""
+    return packs(packed_width(width, lengths, inverse, groups))
+
+
+def packs(width: int) -> bool:
+    """A packed row of ``width`` tokens is short enough to pay (at most `MAX_PACKED`)."""
+    return width <= MAX_PACKED
+
+
+def packed_width(width: int, lengths: torch.Tensor, inverse: torch.Tensor, groups: int) -> int:
+    """The longest packed row: ``width`` prompt columns plus the response tokens of its rows
+    but their last (one host read of ``lengths``' device)."""
+    return width + int(_segments(lengths, inverse, groups)[1].max()) if groups else width
 
 
 def _segments(lengths: torch.Tensor, inverse: torch.Tensor, groups: int):
@@ -97,6 +110,7 @@ def pack_groups(
     inverse: torch.Tensor,
     width: int,
     kept: int,
+    total: int | None = None,
 ) -> PackedGroups:
     """Lay out the distinct prompts and their responses as packed rows.
 
@@ -107,6 +121,8 @@ def pack_groups(
         lengths: (B,) real response tokens per row (a prefix of the response columns).
         first, inverse: (U,) a row of each distinct prompt, (B,) each row's distinct prompt.
         width, kept: prompt columns, and response columns scored.
+        total: the packed rows' length, `packed_width` (read from the tensors when None: the
+            one host read here; with it given, the layout is built without any).
     """
     device = input_ids.device
     groups, batch = len(first), len(inverse)
@@ -119,22 +135,26 @@ def pack_groups(
     group_start[1:] = group_total.cumsum(0)[:-1]
     offsets = torch.empty(batch, dtype=torch.long, device=device)
     offsets[order] = ends - seg_sorted - group_start[inverse[order]] + width
-    total = width + int(group_total.max()) if groups else width
+    if total is None:
+        total = packed_width(width, lengths, inverse, groups)
 
     # Token and position of every packed column; segment id 0 = prompt, b + 1 = row b, -1 = pad.
-    ids = torch.zeros(groups, total, dtype=input_ids.dtype, device=device)
-    pos = torch.zeros(groups, total, dtype=position_ids.dtype, device=device)
-    seg = torch.full((groups, total), -1, dtype=torch.long, device=device)
+    # One column more than the rows hold: every padded response token is written there (no
+    # boolean indexing, whose size the host would have to read), and it is cut after.
+    ids = torch.zeros(groups, total + 1, dtype=input_ids.dtype, device=device)
+    pos = torch.zeros(groups, total + 1, dtype=position_ids.dtype, device=device)
+    seg = torch.full((groups, total + 1), -1, dtype=torch.long, device=device)
     ids[:, :width] = input_ids[first, :width]
     pos[:, :width] = position_ids[first, :width]
     seg[:, :width] = torch.where(prompt_mask[first], 0, -1)
     steps = torch.arange(max(kept - 1, 0), device=device)
     valid = steps[None, :] < segments[:, None]  # (B, kept - 1)
-    row_of = inverse[:, None].expand_as(valid)[valid]
-    col_of = (offsets[:, None] + steps[None, :])[valid]
-    ids[row_of, col_of] = input_ids[:, width : width + kept - 1][valid]
-    pos[row_of, col_of] = position_ids[:, width : width + kept - 1][valid]
-    seg[row_of, col_of] = torch.arange(1, batch + 1, device=device)[:, None].expand_as(valid)[valid]
+    row_of = inverse[:, None].expand_as(valid)
+    col_of = torch.where(valid, offsets[:, None] + steps[None, :], total)
+    ids[row_of, col_of] = input_ids[:, width : width + kept - 1]
+    pos[row_of, col_of] = position_ids[:, width : width + kept - 1]
+    seg[row_of, col_of] = torch.arange(1, batch + 1, device=device)[:, None].expand_as(valid)
+    ids, pos, seg = ids[:, :total], pos[:, :total], seg[:, :total]
 
     causal = torch.ones(total, total, dtype=torch.bool, device=device).tril()
     real = seg >= 0

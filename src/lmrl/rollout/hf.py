@@ -37,7 +37,8 @@ import torch
 from torch import nn
 
 from lmrl.batch import Batch
-from lmrl.models.forward import cache_keyword, distinct_rows, fused_head, unwrap
+from lmrl.models.forward import cache_keyword, fused_head, unwrap
+from lmrl.models.layout import distinct_rows
 from lmrl.rollout.base import (
     CallSeeds,
     RolloutEngine,

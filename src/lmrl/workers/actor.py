@@ -32,6 +32,7 @@ from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
 from lmrl.models import Reference, compute_log_probs, forward_log_probs
 from lmrl.models.forward import compute_device, forward_log_probs_and_kl
+from lmrl.models.layout import with_row_layout
 from lmrl.workers.optim import TrainableWorker
 
 UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
@@ -182,7 +183,9 @@ class ActorWorker(TrainableWorker):
                 "log-probs are the old ones"
             )
         # the driver's batch lives on the CPU; the loss needs it where the model computes
-        batch = batch.select(*(k for k in keys if k in batch)).to(compute_device(self.model))
+        # with the host's layout of its rows (lmrl.models.layout): no micro-batch reads the device
+        batch = with_row_layout(batch.select(*(k for k in keys if k in batch)))
+        batch = batch.to(compute_device(self.model))
         if cfg.use_kl_loss and not self.full_kl and "ref_log_probs" not in batch:
             raise ValueError("actor.use_kl_loss needs ref_log_probs in the batch")
         if "loss_mask" in batch:

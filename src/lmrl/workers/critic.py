@@ -16,6 +16,7 @@ from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
 from lmrl.models.critic import compute_values, forward_values
 from lmrl.models.forward import compute_device
+from lmrl.models.layout import with_row_layout
 from lmrl.workers.optim import TrainableWorker
 
 UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
@@ -61,7 +62,7 @@ class CriticWorker(TrainableWorker):
         """
         cfg = self.cfg
         mini_size = cfg.ppo_mini_batch_size * self.rollout_n
-        batch = batch.select(*(k for k in UPDATE_KEYS if k in batch))
+        batch = with_row_layout(batch.select(*(k for k in UPDATE_KEYS if k in batch)))
         batch = batch.to(compute_device(self.model))  # from the driver's CPU
         totals: dict[str, list[torch.Tensor]] = defaultdict(list)
         for mini in self.mini_batches(batch, cfg.ppo_epochs, cfg.shuffle, mini_size):

@@ -31,8 +31,8 @@ import torch.distributed as dist
 from torch import nn
 
 from lmrl.batch import Batch
-from lmrl.models.forward import distinct_rows
 from lmrl.models.grad import wire_device
+from lmrl.models.layout import distinct_rows
 from lmrl.models.loading import refuse_other_shapes
 
 __all__ = [
