@@ -60,7 +60,9 @@ tail -4 "$OUT/gpu_tests.log"
 # "cuda" to CHECKPOINTED_SHARING_DEVICES, for both batches or ragged ones), and what does the
 # recompute cost?
 mark "gpu_update 1.5B: checkpointed shared / unshared, no checkpointing; profile (issue 33)"
-timeout 230 python3 benchmarks/gpu_update.py --shape 1.5b --rounds 2 --profile ckpt:shared \
+# Session 26: ckpt:shared:reads is ckpt:shared without the host's layout of the rows, each
+# micro-batch reading its shape back from the device as before: what the layout gains on CUDA.
+timeout 280 python3 benchmarks/gpu_update.py --shape 1.5b --rounds 2 --profile ckpt:shared \
     --work /tmp/gu --out "$OUT/gpu_update.json" > "$OUT/gpu_update.log" 2>&1
 tail -12 "$OUT/gpu_update.log"
 head -30 "$OUT/gpu_update_profile_ckpt_shared.txt" 2>/dev/null

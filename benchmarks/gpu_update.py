@@ -7,12 +7,15 @@ tokens, bf16, micro-batches of 16, token-mean loss, clip 0.2, no KL). One real s
 every variant runs ``ActorWorker.update_actor`` on that same batch (one optimizer step each,
 old log-probs taken from the update's own forward, as the step does), in rounds that alternate
 the variants, each timed between two ``torch.cuda.synchronize`` with its peak memory. A
-variant is ``CKPT:SHARE``:
+variant is ``CKPT:SHARE[:reads]``:
 
 - ``CKPT``: ``ckpt`` (gradient checkpointing, the default) or ``full`` (no recompute);
 - ``SHARE``: ``shared`` (each group's prompt runs once, `lmrl.models.forward`) or ``unshared``
   (every row's prompt in full); without checkpointing lmrl always shares them, so ``full``
-  has ``shared`` only.
+  has ``shared`` only;
+- ``:reads``: the update without the host's layout of the rows (`lmrl.models.layout`), so that
+  each micro-batch reads its shape back from the device as before session 26: the layout's
+  gain, measured in the same process.
 
 Each variant runs on the step's batch (``plain``: every prompt exactly prompt_len tokens, so
 the full pass attends with no mask) and on a ``ragged`` copy (``--batches``), whose groups'
@@ -56,7 +59,7 @@ from gpu_step import (  # the sibling benchmark's recipe
     update_flops,
 )
 
-VARIANTS = ("ckpt:shared", "ckpt:unshared", "full:shared")
+VARIANTS = ("ckpt:shared", "ckpt:unshared", "full:shared", "ckpt:shared:reads")
 
 
 def ragged(batch, prompt_len: int, samples: int, seed: int):
@@ -78,11 +81,15 @@ def ragged(batch, prompt_len: int, samples: int, seed: int):
 
 
 def set_variant(actor, variant: str) -> None:
-    """Checkpointing on or off on the actor's model, and where prompts are shared under it."""
+    """Checkpointing on or off on the actor's model, where prompts are shared under it, and
+    whether the update reads its micro-batches' shapes from the host's layout."""
+    import lmrl.workers.actor
     from lmrl.models.forward import unwrap
+    from lmrl.models.layout import with_row_layout
     from lmrl.models.loading import enable_gradient_checkpointing
 
-    ckpt, share = variant.split(":")
+    ckpt, share, *reads = variant.split(":")
+    lmrl.workers.actor.with_row_layout = (lambda batch: batch) if reads else with_row_layout
     model = unwrap(actor.model)
     if ckpt == "ckpt":
         enable_gradient_checkpointing(model)
