@@ -8,9 +8,10 @@ import pytest
 import torch
 from tests.host_reads import HostReads
 
+from lmrl.models import forward as forward_mod
 from lmrl.models import load_causal_lm, packing
 from lmrl.models.critic import forward_values, load_critic
-from lmrl.models.forward import forward_log_probs, takes_own_mask
+from lmrl.models.forward import forward_log_probs, own_mask
 from lmrl.models.layout import (
     LAYOUT_KEY,
     MICRO_KEYS,
@@ -69,11 +70,15 @@ def test_the_layout_answers_what_the_tensors_do(hole):
     assert not MicroLayout.of(batch).all_prefix if hole else MicroLayout.of(batch).all_prefix
 
 
-@pytest.fixture(params=["packed", "two passes", "unshared"])
+@pytest.fixture(params=["packed", "two passes", "unshared", "logits"])
 def path(request, monkeypatch):
-    """The forward's three paths for rows that share prompts (`lmrl.models.forward`)."""
+    """The forward's paths (`lmrl.models.forward`): for rows that share prompts, packed or a
+    prompt pass then a response pass; every row in full; the model's own logits (a head that
+    is not plain)."""
     if request.param == "two passes":
         monkeypatch.setattr(packing, "MAX_PACKED", 0)
+    if request.param == "logits":
+        monkeypatch.setattr(forward_mod, "fused_head", lambda model: None)
     return request.param
 
 
@@ -93,38 +98,59 @@ def test_the_forward_with_the_layout_is_bitwise_the_forward_without(qwen_dir, pa
     micros = _micros(_batch(hole), seed=4, size=size)
     assert any(trim_batch(m).dense for m in micros) == (size == 1)
     for micro in micros:
-        share = path != "unshared"
+        share = path not in ("unshared", "logits")
         with_it = _log_probs_and_grads(model, micro, share)
         without = _log_probs_and_grads(model, _without_layout(micro), share)
         assert all(torch.equal(a, b) for a, b in zip(with_it, without, strict=True))
 
 
-def test_a_micro_batch_forward_reads_nothing_back(qwen_dir, path):
+@pytest.mark.parametrize("arch", ["qwen", "llama"])
+def test_a_micro_batch_forward_reads_nothing_back(qwen_dir, llama_dir, path, arch):
     """With the layout, neither the policy's forward and backward nor the critic's reads the
-    device back; without it, the same forward does (what the check sees is real)."""
-    model, critic = load_causal_lm(qwen_dir), load_critic(qwen_dir)
-    micro = _micros(_batch(), seed=5, size=8)[0]
-    share = path != "unshared"
-    with HostReads() as reads:
-        _log_probs_and_grads(model, micro, share)
-        forward_values(critic, micro, share_prompts=share).sum().backward()
-    assert reads.reads == []
+    device back, padded or not (a row alone: no padding mask, and no position ids for
+    transformers to check for packed sequences); without it, the same forward does."""
+    model_dir = qwen_dir if arch == "qwen" else llama_dir
+    model, critic = load_causal_lm(model_dir), load_critic(model_dir)
+    share = path not in ("unshared", "logits")
+    for micro in (_micros(_batch(), seed=5, size=8)[0], _batch().index([0])):  # padded, not
+        with HostReads() as reads:
+            _log_probs_and_grads(model, micro, share)
+            forward_values(critic, micro, share_prompts=share).sum().backward()
+        assert reads.reads == []
     with HostReads() as reads:
         forward_log_probs(model, _without_layout(micro), share_prompts=share)
     assert any("trim_batch" in where for _, where in reads.reads)
 
 
-def test_only_a_full_attention_sdpa_model_takes_the_mask_built_here(qwen_dir):
-    """A sliding-window layer's mask, and eager attention's float bias, are transformers' to
-    build from the 2-D mask: the micro-batch then passes that, layout or not."""
+def test_which_mask_each_model_is_given(qwen_dir, llama_dir):
+    """Padded, an sdpa model of full attention gets the 4-D mask built here; not padded, Qwen2
+    (whose decoder takes the mapping of made masks) gets none, Llama the causal mask. A
+    sliding-window layer's mask, and eager attention's float bias, are transformers' to build
+    from the 2-D mask: those models get that, layout or not."""
     model = load_causal_lm(qwen_dir)
-    micro = _micros(_batch(), seed=6, size=8)[0]
-    trimmed = trim_batch(micro)
-    assert takes_own_mask(model) and trimmed.model_inputs(True)["attention_mask"].dim() == 4
+    padded = trim_batch(_micros(_batch(), seed=6, size=8)[0])
+    alone = trim_batch(_batch().index([0]))
+    assert own_mask(model) == "mapping" and own_mask(load_causal_lm(llama_dir)) == "4d"
+    assert padded.model_inputs("mapping")["attention_mask"].shape == (8, 1, 12, 12)
+    assert alone.model_inputs("mapping")["attention_mask"] == {"full_attention": None}
+    causal = alone.model_inputs("4d")["attention_mask"]
+    assert torch.equal(causal[0, 0], torch.ones(11, 11, dtype=torch.bool).tril())
     layers = model.config.num_hidden_layers
     model.config.layer_types = ["sliding_attention"] + ["full_attention"] * (layers - 1)
-    assert not takes_own_mask(model)
+    assert own_mask(model) is None
     model.config.layer_types = ["full_attention"] * layers
     model.config._attn_implementation = "eager"
-    assert not takes_own_mask(model)
-    assert trimmed.model_inputs(False)["attention_mask"].dim() == 2
+    assert own_mask(model) is None
+    assert padded.model_inputs(None)["attention_mask"].dim() == 2
+
+
+def test_llama_given_the_causal_mask_equals_its_forward_without(llama_dir, path):
+    """Llama's decoder takes no mapping of made masks: a micro-batch without padding gets the
+    causal 4-D mask (another sdpa kernel than transformers' choice, so equal to rounding)."""
+    model = load_causal_lm(llama_dir)
+    for micro in [*_micros(_batch(), seed=4, size=6), _batch().index([0])]:
+        share = path not in ("unshared", "logits")
+        with_it = _log_probs_and_grads(model, micro, share)
+        without = _log_probs_and_grads(model, _without_layout(micro), share)
+        for a, b in zip(with_it, without, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from tests.host_reads import HostReads
 
 from lmrl.batch import Batch
 from lmrl.cli import main
@@ -19,6 +20,7 @@ from lmrl.models import build_tiny_model, load_causal_lm, load_tokenizer
 from lmrl.rollout import HFEngine, SamplingParams
 from lmrl.trainer.checkpoint import check_checkpoint
 from lmrl.trainer.sft import SFTTrainer, build_sft
+from lmrl.workers import sft as sft_module
 from lmrl.workers.optim import TrainableWorker, lr_factor, warmup_steps
 from lmrl.workers.sft import sft_token_log_probs
 
@@ -91,6 +93,33 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(tmp_path, model_di
         grads.append(torch.cat([p.grad.flatten() for p in trainer.worker.params]))
     assert losses[0] == pytest.approx(losses[1], rel=1e-5)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-7)
+
+
+def test_no_micro_batch_of_the_sft_update_reads_the_device_back(
+    tmp_path, model_dir, digits, monkeypatch
+):
+    """Every micro-batch is split and laid out from the collated CPU pieces before any forward
+    (`sft_batch`): the forwards then read nothing back; a piece split inside does."""
+    cfg = load_sft_config(
+        None,
+        overrides(model_dir, digits["test"], tmp_path, "data.response_from_ground_truth=true",
+                  "data.train_batch_size=8", "data.micro_batch_size=3"),
+    )  # fmt: skip
+    trainer = SFTTrainer(build_sft(cfg))
+    reads, forward = HostReads(), sft_module.sft_token_log_probs
+
+    def watched(model, batch):
+        with reads:
+            log_probs, mask = forward(model, batch)
+            (log_probs * mask).sum().backward(retain_graph=True)  # the backward too
+        return log_probs, mask
+
+    monkeypatch.setattr(sft_module, "sft_token_log_probs", watched)
+    trainer.step()
+    assert reads.reads == []
+    piece = SFTDataset(digits["test"], trainer.tokenizer, response_from_ground_truth=True)
+    watched(trainer.worker.model, piece.collate(range(3)))
+    assert any("sft_batch" in where for _, where in reads.reads)
 
 
 # ---------------------------------------------------------------------------- fit and export

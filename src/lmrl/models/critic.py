@@ -30,8 +30,8 @@ from lmrl.models.forward import (
     can_share_prompts,
     eval_mode,
     group_hidden,
+    own_mask,
     plain_head,
-    takes_own_mask,
 )
 from lmrl.models.layout import (
     MICRO_KEYS,
@@ -145,7 +145,7 @@ def forward_values(critic: nn.Module, batch, share_prompts: bool = True) -> torc
         backbone, head = parts
         values = head(group_hidden(critic, backbone, trimmed, *groups))[..., 0].float()
     else:
-        scores = critic(**trimmed.model_inputs(takes_own_mask(critic))).logits  # (B, L', 1)
+        scores = critic(**trimmed.model_inputs(own_mask(critic))).logits  # (B, L', 1)
         values = scores[:, trimmed.start : trimmed.start + trimmed.kept, 0].float()
     return trimmed.to_full(values)
 

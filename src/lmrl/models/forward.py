@@ -167,11 +167,28 @@ def full_attention(model: nn.Module) -> bool:
     return all(t == "full_attention" for t in layer_types)
 
 
-def takes_own_mask(model: nn.Module) -> bool:
-    """``model`` takes lmrl's 4-D boolean attention mask as is (`packable`: sdpa, a tested
-    type) and attends to the full past in every layer (a sliding window's mask is transformers'
-    to build): `lmrl.models.layout.Trimmed.attention` then builds it, not transformers."""
-    return packable(unwrap(model)) and full_attention(model)
+def own_mask(model: nn.Module) -> str | None:
+    """How a micro-batch with a layout gives ``model`` its attention mask
+    (`lmrl.models.layout.Trimmed.attention`): None, the 2-D mask, for transformers to build the
+    rest from (not sdpa, not a tested type, or a sliding window's mask); else lmrl's 4-D boolean
+    mask, which these models take as is (`packable`), and where no row is padded and no cache
+    is given, ``"mapping"`` where the decoder takes the mapping of made masks (no mask at all)
+    and ``"4d"`` where it does not (the causal mask)."""
+    inner = unwrap(model)
+    if not (packable(inner) and full_attention(inner)):
+        return None
+    return "mapping" if _takes_made_masks(type(getattr(inner, "base_model", inner))) else "4d"
+
+
+@functools.cache
+def _takes_made_masks(cls: type) -> bool:
+    """``cls.forward`` (a transformers decoder) takes ``attention_mask`` as the mapping of masks
+    already made per layer type: in transformers 5.2x Qwen2's and Qwen3's (their layers may use a
+    sliding window), not Llama's or Mistral's."""
+    try:
+        return "causal_mask_mapping := attention_mask, dict" in inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
 
 
 def can_share_prompts(model: nn.Module) -> bool:
@@ -208,13 +225,13 @@ def shared_prompt_hidden(
     """
     width = trimmed.start + 1
     keyword = cache_keyword(backbone)
-    sdpa = takes_own_mask(backbone)
+    own = own_mask(backbone)
     with replayable_cache(backbone):
         cache = prompt_cache(backbone.config.num_hidden_layers)
         prompt = backbone(
             input_ids=trimmed.input_ids[first, :width],
             attention_mask=trimmed.attention(
-                trimmed.attention_mask[first, :width], sdpa, trimmed.prompt_dense
+                trimmed.attention_mask[first, :width], own, trimmed.prompt_dense
             ),
             position_ids=trimmed.position_ids[first, :width],
             use_cache=False,  # the cache passed is the one filled and read
@@ -226,7 +243,7 @@ def shared_prompt_hidden(
         responses = backbone(
             input_ids=trimmed.input_ids[:, width : width + trimmed.kept - 1],
             attention_mask=trimmed.attention(
-                trimmed.attention_mask[:, : width + trimmed.kept - 1], sdpa, trimmed.dense, width
+                trimmed.attention_mask[:, : width + trimmed.kept - 1], own, past=width
             ),
             position_ids=trimmed.position_ids[:, width : width + trimmed.kept - 1],
             use_cache=False,  # the cache passed is the one filled and read
@@ -298,11 +315,11 @@ def response_outputs(
         if groups is not None:
             hidden = group_hidden(model, backbone, trimmed, *groups)
         else:
-            hidden = backbone(**trimmed.model_inputs(takes_own_mask(backbone))).last_hidden_state
+            hidden = backbone(**trimmed.model_inputs(own_mask(backbone))).last_hidden_state
             hidden = hidden[:, trimmed.start : trimmed.start + trimmed.kept]
         return hidden, lm_head
     inner = unwrap(model)
-    inputs = trimmed.model_inputs(takes_own_mask(inner))
+    inputs = trimmed.model_inputs(own_mask(inner))
     keep = trimmed.input_ids.shape[1] - trimmed.start  # outputs from ``start`` to the end
     if "logits_to_keep" in inspect.signature(inner.forward).parameters:
         inputs["logits_to_keep"] = keep

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -214,26 +214,36 @@ class Trimmed:
     dense: bool = False
     prompt_dense: bool = False
 
-    def model_inputs(self, sdpa: bool = False) -> dict[str, torch.Tensor | None]:
-        """The model's inputs for the whole trimmed batch (``sdpa``: see `attention`)."""
+    def model_inputs(self, own: str | None = None) -> dict[str, Any]:
+        """The model's inputs for the whole trimmed batch, its mask as `attention` gives it.
+
+        Given no mask and no cache, transformers reads the position ids back to look for packed
+        sequences. Where no row is padded, a model whose decoder takes the mapping of masks
+        already made per layer type (``own="mapping"``: Qwen2, Qwen3) gets that mapping with no
+        mask in it (sdpa's causal kernel); another (``"4d"``) gets the causal `sdpa_mask`.
+        """
+        mask = self.attention(self.attention_mask, own)
+        if mask is None:
+            mask = {"full_attention": None} if own == "mapping" else sdpa_mask(self.attention_mask)
         return {
             "input_ids": self.input_ids,
-            "attention_mask": self.attention(self.attention_mask, sdpa, self.dense),
+            "attention_mask": mask,
             "position_ids": self.position_ids,
             "use_cache": False,
         }
 
     def attention(
-        self, mask: torch.Tensor, sdpa: bool, dense: bool, past: int = 0
+        self, mask: torch.Tensor, own: str | None, dense: bool | None = None, past: int = 0
     ) -> torch.Tensor | None:
         """The ``attention_mask`` to pass for key columns ``mask`` (B, K), the queries being its
-        last ``K - past`` columns: the 2-D mask as transformers takes it, or, for a model that
-        takes a 4-D boolean mask as is (``sdpa``: `lmrl.models.forward.takes_own_mask`) and a batch
-        with a layout, none where the host knows no row is padded (``dense``) and else the
-        `sdpa_mask` built here, so that transformers does not read the mask to choose."""
-        if not sdpa or self.layout is None:
+        last ``K - past`` columns (a cache holds the first ``past``): the 2-D mask as
+        transformers takes it when ``own`` is None (`lmrl.models.forward.own_mask`) or the batch
+        has no layout; else, so that transformers does not read the mask to choose, none where
+        the host knows that no row is padded (``dense``, default: the whole trimmed batch's)
+        and the `sdpa_mask` built here where one is."""
+        if own is None or self.layout is None:
             return mask.long()
-        return None if dense else sdpa_mask(mask, past)
+        return None if (self.dense if dense is None else dense) else sdpa_mask(mask, past)
 
     def to_full(self, values: torch.Tensor) -> torch.Tensor:
         """(B, kept) -> (B, T): pad the trimmed tail and zero padded response positions."""

@@ -9,7 +9,9 @@ optimizer, the warmup + constant/cosine schedule and the clipped, NaN-skipping s
 
 One forward path for every row layout: a right-padded micro-batch is split at ``P``, the first
 column where any row's loss starts, and ``lmrl.models.forward_log_probs`` scores columns
-``P..`` with the chunked head (no (B, L, V) fp32 log-softmax is built).
+``P..`` with the chunked head (no (B, L, V) fp32 log-softmax is built). Every micro-batch is
+split and laid out (`sft_batch`, `lmrl.models.layout`) from the collated CPU pieces before any
+forward is queued, so that no micro-batch's forward reads the device back.
 """
 
 from __future__ import annotations
@@ -20,8 +22,36 @@ import torch
 from torch import nn
 
 from lmrl.algos.agg import AggNorm, agg_loss
-from lmrl.models.forward import eval_mode, forward_log_probs
+from lmrl.batch import Batch
+from lmrl.models.forward import compute_device, eval_mode, forward_log_probs
+from lmrl.models.layout import with_row_layout
 from lmrl.workers.optim import TrainableWorker
+
+
+def sft_batch(piece: Mapping[str, torch.Tensor], device: torch.device | str) -> Batch:
+    """A collated micro-batch split at ``P`` (the first column where any row is trained), with
+    the host's layout of its rows, on ``device``: ``input_ids``, ``attention_mask`` (B, L),
+    ``responses`` and ``loss_mask`` (B, L-P). Read from the piece where it is (the collate's
+    CPU), so the forward that follows reads nothing back from the device.
+
+    Raises:
+        ValueError: no token of the piece is trained.
+    """
+    loss_mask = piece["loss_mask"]
+    trained = loss_mask.any(0).nonzero()
+    if trained.numel() == 0:
+        raise ValueError("the micro-batch has no trained token (loss_mask is all False)")
+    start = max(int(trained[0]), 1)
+    input_ids = piece["input_ids"]
+    batch = Batch(
+        {
+            "input_ids": input_ids,
+            "attention_mask": piece["attention_mask"],
+            "responses": input_ids[:, start:],
+            "loss_mask": loss_mask[:, start:],
+        }
+    )
+    return with_row_layout(batch).to(device)
 
 
 def sft_token_log_probs(
@@ -35,26 +65,15 @@ def sft_token_log_probs(
     Args:
         model: a causal LM (Hugging Face or PEFT-wrapped), train or eval mode as set.
         batch: ``input_ids`` (B, L), ``attention_mask`` (B, L) bool, ``loss_mask`` (B, L) bool
-            (from ``lmrl.data.SFTDataset.collate``).
+            (from ``lmrl.data.SFTDataset.collate``), or `sft_batch`'s split of them.
     Returns:
         ``(log_probs, loss_mask)``: (B, L-P) fp32 on the model's device, and the loss mask of
         those columns (B, L-P) bool on the same device.
     """
-    loss_mask = batch["loss_mask"]
-    trained = loss_mask.any(0).nonzero()
-    if trained.numel() == 0:
-        raise ValueError("the micro-batch has no trained token (loss_mask is all False)")
-    start = max(int(trained[0]), 1)
-    input_ids = batch["input_ids"]
-    log_probs, _ = forward_log_probs(
-        model,
-        {
-            "input_ids": input_ids,
-            "attention_mask": batch["attention_mask"],
-            "responses": input_ids[:, start:],
-        },
-    )
-    return log_probs, loss_mask[:, start:].to(log_probs.device)
+    if "responses" not in batch:
+        batch = sft_batch(batch, compute_device(model))
+    log_probs, _ = forward_log_probs(model, batch)
+    return log_probs, batch["loss_mask"].to(log_probs.device)
 
 
 class SFTWorker(TrainableWorker):
@@ -88,11 +107,12 @@ class SFTWorker(TrainableWorker):
         """
         tokens = sum(int(piece["loss_mask"].sum()) for piece in micro_batches)
         norm = AggNorm(token_count=float(tokens))
-        device = next(self.model.parameters()).device
+        device = compute_device(self.model)
+        pieces = [sft_batch(piece, device) for piece in micro_batches]  # before any forward
         lr = self.lr
         self.model.train()
         total = torch.zeros((), device=device)
-        for piece in micro_batches:
+        for piece in pieces:
             with self.autocast():  # log-probs come back fp32
                 log_probs, mask = sft_token_log_probs(self.model, piece)
             loss = agg_loss(-log_probs, mask, "token-mean", norm)
@@ -115,14 +135,15 @@ class SFTWorker(TrainableWorker):
         Returns:
             A float64 scalar on the CPU (0 when there is no trained token).
         """
-        total = torch.zeros((), dtype=torch.float64)
+        device = compute_device(self.model)
+        total = torch.zeros((), dtype=torch.float64, device=device)
         count = 0
         with eval_mode(self.model), self.autocast():
             for piece in micro_batches:
-                log_probs, mask = sft_token_log_probs(self.model, piece)
-                total += agg_loss(-log_probs, mask, "token-sum").double().cpu()
-                count += int(mask.sum())
-        return total / max(count, 1)
+                count += int(piece["loss_mask"].sum())  # the collate's CPU tensor
+                log_probs, mask = sft_token_log_probs(self.model, sft_batch(piece, device))
+                total += agg_loss(-log_probs, mask, "token-sum").double()
+        return total.cpu() / max(count, 1)
 
 
-__all__ = ["SFTWorker", "sft_token_log_probs"]
+__all__ = ["SFTWorker", "sft_batch", "sft_token_log_probs"]
