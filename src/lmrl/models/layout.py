@@ -352,16 +352,13 @@ def micro_batches(batch, micro_batch_size: int, keys: tuple[str, ...]) -> Iterat
 
 
 def on_device(batch, device: torch.device) -> Batch:
-    """The keys a forward reads (`MICRO_KEYS`), with the host's `lmrl.models.layout` of the
-    rows, on ``device``: one transfer for all micro-batches, and none of them reads the device
-    back (a (B, P+T) batch, a `lmrl.batch.Batch` or a mapping of its tensors)."""
+    """The keys a forward reads (`MICRO_KEYS`), with the rows' layout read where the batch is
+    (`with_row_layout`), on ``device``: one transfer for all micro-batches, and none of them
+    reads the device back (a (B, P+T) `lmrl.batch.Batch` or a mapping of its tensors)."""
     check_keys(batch)
-    if not isinstance(batch, Batch):
-        batch = Batch({k: batch[k] for k in (*REQUIRED_KEYS, "position_ids") if k in batch})
-    batch = batch.select(*(k for k in MICRO_KEYS if k in batch))
-    if LAYOUT_KEY not in batch:
-        batch = with_row_layout(batch)
-    return batch.to(device)
+    keys = [k for k in (*REQUIRED_KEYS, "position_ids") if k in batch]
+    batch = batch.select(*keys) if isinstance(batch, Batch) else Batch({k: batch[k] for k in keys})
+    return with_row_layout(batch).to(device)
 
 
 def sdpa_mask(mask: torch.Tensor, past: int = 0) -> torch.Tensor:
