@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from tests.host_reads import HostReads
 
 from lmrl.flow import (
     FlowGRPO,
@@ -147,6 +148,21 @@ def test_micro_batches_and_steps_accumulate_to_the_whole_batch_loss(pretrained):
     before = torch.cat([p.detach().flatten() for p in pretrained.parameters()])
     assert not torch.allclose(whole, before)
     assert torch.allclose(whole, pieces, atol=1e-6)
+
+
+def test_the_update_reads_the_device_back_per_update_not_per_micro_batch(pretrained):
+    """The steps each micro-batch trains are chosen on the host from one read of the rollout's
+    step mask: the update's host reads do not grow with its micro-batches (they did: one read
+    of the steps' counts per micro-batch)."""
+    batch, cond, _ = _rollout(pretrained, FlowSampler(num_steps=6), prompts=4, n=4)
+    batch["step_mask"][:5, 3:] = False
+    adv = flow_advantages(right_side_reward(batch["images"]), cond.tolist())
+    counts = []
+    for micro in (16, 4, 1):
+        with HostReads() as reads:
+            _one_update(copy.deepcopy(pretrained), batch, adv, micro_batch_size=micro)
+        counts.append(len(reads.reads))
+    assert counts[0] == counts[1] == counts[2], counts
 
 
 def test_std_scale_weights_each_steps_gradient_by_2_25_sigma(pretrained):

@@ -205,7 +205,10 @@ class FlowGRPO:
                 "old": old.float(),
                 "adv": advantages.float(),
                 "row": torch.arange(n, device=old.device),
-            }
+            },
+            # which steps of each image train, read once here: the micro-batches then choose
+            # their steps on the host, without reading the device back
+            {"steps": batch["step_mask"].cpu().numpy()},
         )
         sums: dict[str, float] = {}
         updates = 0
@@ -224,10 +227,10 @@ class FlowGRPO:
     def _mini_batch(self, batch: Batch, work: Batch, micro: int, uncond) -> dict[str, float]:
         cfg = self.config
         mask = batch["step_mask"]
+        if not np.stack(work["steps"]).any():
+            return {}
         norm = AggNorm.from_mask(mask)
         total = mask.sum()
-        if total == 0:
-            return {}
         keys = ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl"]
         keys += ["actor/kl_loss"] if cfg.beta > 0 else []
         stats = dict.fromkeys(keys, torch.zeros((), device=mask.device))  # one read per mini-batch
@@ -237,7 +240,7 @@ class FlowGRPO:
             extra = work.index(slice(start, start + micro))
             un = None if uncond is None else uncond[extra["row"]]
             counts = part["step_mask"].sum(0)
-            for j in torch.nonzero(counts).flatten().tolist():
+            for j in np.flatnonzero(np.stack(extra["steps"]).any(0)).tolist():
                 m = part["step_mask"][:, j : j + 1]
                 weight = counts[j] / total  # this step's share of the token-mean
                 step = self.sampler.step_log_probs(self.velocity, part, j, uncond=un)

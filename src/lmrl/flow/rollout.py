@@ -85,6 +85,8 @@ class FlowSampler:
 
     def __post_init__(self) -> None:
         self.times = schedule(self.num_steps, self.shift)
+        # the schedule's second time, standing in for t = 1 in the noise level (read once)
+        self.t_cap = float(self.times[1])
         if not 0 <= self.sde_start < self.num_steps:
             raise ValueError(f"sde_start must be in [0, {self.num_steps}), got {self.sde_start}")
         if self.sde_steps is not None and self.sde_steps < 1:
@@ -103,11 +105,6 @@ class FlowSampler:
                     f"{self.num_steps} steps (0 <= lo <= hi - sde_steps, hi <= num_steps), got "
                     f"{tuple(self.window_range)}"
                 )
-
-    @property
-    def t_cap(self) -> float:
-        """The schedule's second time (stands in for t = 1 in the noise level)."""
-        return float(self.times[1])
 
     def window_start(self, generator: torch.Generator | None = None) -> int:
         """The first SDE step of a rollout: ``sde_start``, or with ``window_range`` a start
