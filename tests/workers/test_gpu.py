@@ -126,9 +126,9 @@ def test_one_nccl_rank_updates_as_one_cpu_process(tiny_dir, cpu_runs, nccl_rank,
 
 @pytest.mark.parametrize("kind", ["actor", "critic"])
 def test_no_micro_batch_of_an_update_synchronizes_on_cuda(tiny_dir, monkeypatch, kind):
-    """With torch's CUDA sync debug mode set to error around each micro-batch's forward, loss
-    and backward (the driver's batch on the CPU, as the trainer hands it over): nothing in
-    them waits for the GPU (tests/host_reads.py is this check's CPU stand-in)."""
+    """With torch's CUDA sync debug mode set to error around each micro-batch's forward and
+    loss (the actor's backward too; the driver's batch on the CPU, as the trainer hands it
+    over): nothing in them waits for the GPU (tests/host_reads.py: the CPU stand-in)."""
     from lmrl.workers import actor as actor_module
     from lmrl.workers import critic as critic_module
 
