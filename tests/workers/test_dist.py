@@ -15,12 +15,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tests.host_reads import HostReads
 
 from lmrl.models import load_causal_lm
 from lmrl.models.critic import load_critic
+from lmrl.models.layout import with_row_layout
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
-from lmrl.workers.dist import DDP, balanced_partition
+from lmrl.workers.dist import DDP, balanced_partition, partition_rows
 from lmrl.workers.fsdp import FSDP2
 
 from .conftest import N, actor_config, add_log_probs, critic_config, make_batch
@@ -43,6 +45,20 @@ def test_balanced_partition_balances_tokens():
     # deterministic: every rank computes the same partition
     again = balanced_partition(lengths, 2)
     assert all((a == b).all() for a, b in zip(balanced_partition(lengths, 2), again, strict=True))
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_the_partition_from_the_rows_layout_is_the_partition_from_the_tensors(parts):
+    """With the host's layout of the rows (what every update carries), the ranks' rows are the
+    same whole prompt groups as the tensors give, found without reading the device back."""
+    batch = make_batch(seed=4)
+    batch = batch.index(torch.tensor([0, 2, 1, 3, 4, 5, 5, 4]))  # 3 prompts: 2, 2 and 4 rows
+    from_tensors = partition_rows(batch, parts)
+    laid_out = with_row_layout(batch.select("input_ids", "attention_mask", "responses"))
+    with HostReads() as reads:
+        from_layout = partition_rows(laid_out, parts)
+    assert reads.reads == []
+    assert all(np.array_equal(a, b) for a, b in zip(from_layout, from_tensors, strict=True))
 
 
 def _rank(rank: int, world: int, port: int, model_dir: str, kind: str, out: str,

@@ -32,7 +32,7 @@ from torch import nn
 
 from lmrl.batch import Batch
 from lmrl.models.grad import wire_device
-from lmrl.models.layout import distinct_rows
+from lmrl.models.layout import MicroLayout, distinct_rows
 from lmrl.models.loading import refuse_other_shapes
 
 __all__ = [
@@ -59,19 +59,25 @@ def partition_rows(batch: Batch, parts: int) -> list[np.ndarray]:
     groups, and no prompt prefilled on two ranks. Otherwise rows are balanced one by one.
 
     Args:
-        batch: ``input_ids`` (B, P + T), ``responses`` (B, T), ``attention_mask``.
+        batch: ``input_ids`` (B, P + T), ``responses`` (B, T), ``attention_mask``; the groups
+            and token counts are the host's layout of the rows where the batch carries one
+            (`lmrl.models.layout`: nothing is read back from the device).
         parts: ranks.
     Returns:
         ``parts`` sorted row-index arrays covering ``range(B)`` once.
     """
-    tokens = row_tokens(batch)
-    prompt_width = batch["input_ids"].shape[1] - batch["responses"].shape[1]
-    _, group = distinct_rows(batch["input_ids"][:, :prompt_width])
-    groups = int(group.max()) + 1 if len(group) else 0
+    layout = MicroLayout.of(batch)
+    if layout is not None:
+        tokens = layout.spans[:, 2]  # `RowSpan.count`: the row's attended columns
+        _, rows = np.unique(layout.groups, return_inverse=True)
+    else:
+        tokens = row_tokens(batch).cpu().numpy()
+        prompt_width = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+        rows = distinct_rows(batch["input_ids"][:, :prompt_width])[1].cpu().numpy()
+    groups = int(rows.max()) + 1 if len(rows) else 0
     if groups < parts:
         return balanced_partition(tokens, parts)
-    load = torch.zeros(groups, dtype=torch.long).index_add_(0, group.cpu(), tokens.cpu())
-    rows = group.cpu().numpy()
+    load = np.bincount(rows, weights=tokens, minlength=groups).astype(np.int64)
     return [np.flatnonzero(np.isin(rows, g)) for g in balanced_partition(load, parts)]
 
 
@@ -89,7 +95,9 @@ def balanced_partition(lengths: torch.Tensor | np.ndarray, parts: int) -> list[n
     Returns:
         ``parts`` sorted index arrays that together cover ``range(B)`` once.
     """
-    lengths = np.asarray(torch.as_tensor(lengths).cpu(), dtype=np.int64)
+    if isinstance(lengths, torch.Tensor):
+        lengths = lengths.cpu().numpy()
+    lengths = np.asarray(lengths, dtype=np.int64)
     n = len(lengths)
     capacity = [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
     load = np.zeros(parts, dtype=np.int64)
