@@ -26,7 +26,7 @@ test: venv
 test-learning: venv
 	HF_HUB_OFFLINE=1 LMRL_LEARNING_OUT=learning-results $(PY) -m pytest -q -m learning \
 		-n 2 --dist loadgroup tests/learning/test_learning.py
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m learning tests/trainer/test_sweep.py
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m learning tests/sweep/test_sweep.py
 	@cat learning-results/learning-table.md
 
 # the search and image demos pass their bars (~12 min on 2 cores)

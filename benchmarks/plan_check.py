@@ -1,7 +1,7 @@
 """Benchmark: ``lmrl plan``'s prediction against the memory the step really takes, per phase.
 
 For each model shape, random weights are built from a config (nothing is downloaded) and saved
-with lmrl's byte tokenizer; ``lmrl plan``'s arithmetic (`lmrl.trainer.plan.plan_memory`)
+with lmrl's byte tokenizer; ``lmrl plan``'s arithmetic (`lmrl.trainer.memory_plan.plan_memory`)
 predicts each phase from the config alone; then the workers the trainer builds
 (`lmrl.workers.build.build_workers`, the actor role: policy and ``hf`` engine) run, in the
 order of a step after the first:
@@ -107,7 +107,7 @@ def check(shape: str, args, work: Path, device: torch.device, checkpointing: boo
     from lmrl.config import load_config
     from lmrl.models import load_tokenizer
     from lmrl.rollout.base import SamplingParams
-    from lmrl.trainer.plan import plan_memory
+    from lmrl.trainer.memory_plan import plan_memory
     from lmrl.workers.build import build_workers
 
     path = work / shape

@@ -139,7 +139,7 @@ def test_fast_search_demo_through_the_cli(tmp_path, capsys):
 def test_the_demo_runs_the_fit_users_run_stopped_by_its_callback(tmp_path, monkeypatch):
     """SFT and GRPO each go through ``RunLoop.run`` (no loop of the demo's own), and reaching
     the target stops GRPO through ``on_step_end``: validated, checkpointed and exported."""
-    from lmrl.trainer.loop import RunLoop
+    from lmrl.run.loop import RunLoop
 
     runs, real_run = [], RunLoop.run
 

@@ -418,7 +418,7 @@ def test_max_obs_length_cuts_each_result_inside_the_templates_tool_message():
 
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_the_datasets_prompts_are_what_the_agent_loop_renders_with_its_tools(name, tmp_path):
-    """A chat run's prompts are rendered with the tools (``lmrl.trainer.run`` passes
+    """A chat run's prompts are rendered with the tools (``lmrl.trainer.build`` passes
     `tool_schemas` to the dataset): the agent loop's rendering of the same messages with its
     tools gives the same ids, so the conversation starts template-exact."""
     import pyarrow as pa

@@ -28,9 +28,9 @@ from lmrl.batch import Batch
 from lmrl.config import ConfigError, load_config
 from lmrl.config.async_training import weights_version_for
 from lmrl.data.sampler import PromptSampler
+from lmrl.run.checkpoint import latest_checkpoint, load_state
 from lmrl.trainer import Trainer, build_run
 from lmrl.trainer.ahead import RolloutAhead, batch_from_state, batch_state
-from lmrl.trainer.checkpoint import latest_checkpoint, load_state
 
 ASYNC = ["async_training.enable=true"]
 

@@ -17,8 +17,8 @@ import yaml
 from lmrl.cli import main as cli_main
 from lmrl.config import load_config
 from lmrl.errors import CheckpointError
+from lmrl.run.checkpoint import latest_checkpoint
 from lmrl.trainer import Trainer, build_run
-from lmrl.trainer.checkpoint import latest_checkpoint
 
 HANGING_REWARD = """
 import pathlib, time
@@ -105,7 +105,7 @@ def test_unwritable_run_dir_is_one_line_before_any_model_loads(tiny_workspace, t
                                                                monkeypatch):  # fmt: skip
     (tmp_path / "a-file").write_text("")
     loaded = []
-    monkeypatch.setattr("lmrl.trainer.run.load_tokenizer", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr("lmrl.trainer.build.load_tokenizer", lambda *a, **k: loaded.append(1))
     code = cli_main(["train", *tiny_overrides(tiny_workspace, tmp_path / "a-file" / "run")])
     err = capsys.readouterr().err
     assert code == 2 and not loaded
@@ -136,7 +136,7 @@ def test_resume_from_a_missing_path_says_it_does_not_exist(
 
 def test_a_failed_periodic_save_is_logged_and_the_run_finishes(tiny_workspace, tiny_overrides, tmp_path,
                                                                monkeypatch, caplog):  # fmt: skip
-    from lmrl.trainer import loop as trainer_module  # the run loop saves
+    from lmrl.run import loop as trainer_module  # the run loop saves
 
     real_save = trainer_module.save_checkpoint
     calls = []
@@ -158,7 +158,7 @@ def test_a_failed_periodic_save_is_logged_and_the_run_finishes(tiny_workspace, t
 
 def test_a_failed_final_save_ends_the_run_with_one_line(tiny_workspace, tiny_overrides, tmp_path, monkeypatch,
                                                         capsys):  # fmt: skip
-    from lmrl.trainer import loop as trainer_module  # the run loop saves
+    from lmrl.run import loop as trainer_module  # the run loop saves
 
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device")

@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 
 from lmrl.config import load_config
 from lmrl.errors import WorkerError
+from lmrl.run.checkpoint import latest_checkpoint
 from lmrl.trainer import Trainer, build_run
-from lmrl.trainer.checkpoint import latest_checkpoint
 
 pytest.importorskip("ray")
 

@@ -20,15 +20,15 @@ from lmrl.cli import main
 from lmrl.config import load_config
 from lmrl.config.loader import save_config
 from lmrl.errors import CheckpointError
-from lmrl.trainer.checkpoint import (
+from lmrl.run.checkpoint import (
     check_checkpoint,
     checkpoint_command,
     list_checkpoints,
     load_model_state,
     save_checkpoint,
 )
-from lmrl.trainer.loop import resume
-from lmrl.trainer.resume import RunStart, open_run, run_owner
+from lmrl.run.loop import resume
+from lmrl.run.resume import RunStart, open_run, run_owner
 
 
 def snapshot(path: Path) -> dict[str, bytes]:

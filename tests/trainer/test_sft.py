@@ -18,7 +18,7 @@ from lmrl.data import SFTDataset
 from lmrl.data.tasks import write_task
 from lmrl.models import build_tiny_model, load_causal_lm, load_tokenizer
 from lmrl.rollout import HFEngine, SamplingParams
-from lmrl.trainer.checkpoint import check_checkpoint
+from lmrl.run.checkpoint import check_checkpoint
 from lmrl.trainer.sft import SFTTrainer, build_sft
 from lmrl.workers import sft as sft_module
 from lmrl.workers.optim import TrainableWorker, lr_factor, warmup_steps

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lmrl {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:  # before the run loop took the signals, or a second one
-        from lmrl.trainer.signals import StopNow
+        from lmrl.run.signals import StopNow
 
         print(f"lmrl {args.command}: interrupted", file=sys.stderr)
         return err.exit_code if isinstance(err, StopNow) else 130

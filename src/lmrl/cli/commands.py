@@ -90,7 +90,7 @@ def _oom_plan(cfg) -> str:
     """What `lmrl plan` says of ``cfg`` on this device, for an out-of-memory error."""
     import torch
 
-    from lmrl.trainer.plan import plan_memory
+    from lmrl.trainer.memory_plan import plan_memory
 
     total = None
     if cfg.trainer.device != "cpu" and torch.cuda.is_available():
@@ -111,7 +111,7 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     """``lmrl plan [CONFIG] key=value ... [--device-memory SIZE] [--json]``: the memory plan
-    of `lmrl.trainer.plan`, from the config and the models' config.json alone."""
+    of `lmrl.trainer.memory_plan`, from the config and the models' config.json alone."""
     import json
 
     from lmrl.models.memory import parse_size
@@ -133,7 +133,7 @@ def _plan(args: argparse.Namespace) -> int:
             device_memory = parse_size(args.device_memory)
         except ValueError as err:
             raise LmrlError(f"--device-memory: {err}") from None
-    from lmrl.trainer.plan import load_plan_config, plan_memory
+    from lmrl.trainer.memory_plan import load_plan_config, plan_memory
 
     cfg = load_plan_config(config, overrides)
     plan = plan_memory(cfg, device_memory)
@@ -254,7 +254,7 @@ def _pretrain_flow(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace) -> int:
     """``lmrl sweep [CONFIG] key=value ... --grid k=v1,v2 ...``: short trials of every grid
     point (or ``--samples N`` random ones), ranked, the best ``lmrl train`` command printed
-    (`lmrl.trainer.sweep`)."""
+    (`lmrl.sweep`)."""
     import logging
     import time
 
@@ -267,7 +267,7 @@ def _sweep(args: argparse.Namespace) -> int:
     out = args.out or Path("sweeps") / time.strftime("sweep-%Y%m%d-%H%M%S")
     if args.cpus_per_trial < 1 or args.gpus_per_trial < 0:
         raise LmrlError("--cpus-per-trial must be >= 1 and --gpus-per-trial >= 0")
-    from lmrl.trainer.sweep import format_table, plan_sweep, run_sweep, table_rows
+    from lmrl.sweep import format_table, plan_sweep, run_sweep, table_rows
 
     sweep = plan_sweep(
         config, overrides, args.grid or [], out=out, samples=args.samples, steps=args.steps,
@@ -280,7 +280,7 @@ def _sweep(args: argparse.Namespace) -> int:
     if args.backend == "ray":
         import functools
 
-        from lmrl.trainer.sweep_ray import run_ray
+        from lmrl.sweep.tune import run_ray
 
         runner = functools.partial(run_ray, cpus_per_trial=args.cpus_per_trial,
                                    gpus_per_trial=args.gpus_per_trial)  # fmt: skip
@@ -338,8 +338,8 @@ def _eval(args: argparse.Namespace) -> int:
     from lmrl.config import load_config
     from lmrl.errors import CheckpointError
     from lmrl.logging.configure import configure_logging
-    from lmrl.trainer.checkpoint import scan_checkpoints
-    from lmrl.trainer.resume import run_owner, unloadable
+    from lmrl.run.checkpoint import scan_checkpoints
+    from lmrl.run.resume import run_owner, unloadable
 
     configure_logging(logging.INFO)
     path = args.path

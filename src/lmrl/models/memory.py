@@ -1,6 +1,6 @@
 """Bytes a decoder model holds, from its ``config.json`` alone (no weights are built).
 
-The arithmetic behind ``lmrl plan`` (`lmrl.trainer.plan`): parameter counts and the bytes
+The arithmetic behind ``lmrl plan`` (`lmrl.trainer.memory_plan`): parameter counts and the bytes
 that the training step keeps alive per token, for the Qwen2 / Llama / Mistral decoder that
 transformers builds (RMSNorm, rotary attention with grouped key/value heads through
 ``sdpa``, a gated SiLU MLP, an output head tied to the embedding or not).

@@ -1,12 +1,11 @@
-"""Running a training: one run loop, and the programs it runs.
+"""The programs of the run loop (`lmrl.run`), and the RL step's own parts.
 
-- ``RunLoop`` (``trainer/loop.py``): signals, checkpoints and exact resume, validation cadence,
-  health, trackers and ``final/``, for any ``Program`` (a step, validation, state, export).
-- RL: ``build_run(cfg)`` (``trainer/run.py``) assembles a run's parts into a frozen
+- RL: ``build_run(cfg)`` (``trainer/build.py``) assembles a run's parts into a frozen
   ``RunParts``; ``Trainer(parts, cfg.trainer)`` (``trainer/trainer.py``) is the step over them.
 - ``evaluate(cfg, checkpoint)``: ``lmrl eval``, validation on the parts without a trainer.
 - SFT: ``build_sft`` and ``SFTTrainer`` (``trainer/sft.py``): ``lmrl sft``, the warm start.
 - Flow-GRPO: ``build_flow`` and ``FlowTrainer`` (``trainer/flow.py``): ``lmrl train-flow``.
+- ``lmrl plan``'s memory plan (``trainer/memory_plan.py``) and the memory probe.
 
 Exports are lazy, so importing one module of the package does not import the others.
 """
@@ -14,12 +13,10 @@ Exports are lazy, so importing one module of the package does not import the oth
 from lmrl._lazy import lazy_exports
 
 _EXPORTS = {
-    "Program": "lmrl.trainer.loop",
-    "RunLoop": "lmrl.trainer.loop",
-    "RunParts": "lmrl.trainer.run",
-    "StepPlan": "lmrl.trainer.run",
-    "build_run": "lmrl.trainer.run",
-    "evaluate": "lmrl.trainer.run",
+    "RunParts": "lmrl.trainer.build",
+    "StepPlan": "lmrl.trainer.build",
+    "build_run": "lmrl.trainer.build",
+    "evaluate": "lmrl.trainer.build",
     "Trainer": "lmrl.trainer.trainer",
     "SFTParts": "lmrl.trainer.sft",
     "SFTTrainer": "lmrl.trainer.sft",

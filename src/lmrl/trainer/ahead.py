@@ -49,7 +49,7 @@ import torch
 from lmrl.batch import Batch
 from lmrl.config.async_training import weights_version_for
 from lmrl.errors import CheckpointError
-from lmrl.trainer.metrics import StageTimer
+from lmrl.run.timing import StageTimer
 from lmrl.trainer.stages import generate, rollout_and_score, score, scored_apart
 
 log = logging.getLogger("lmrl.trainer")

@@ -48,11 +48,11 @@ from lmrl.flow.rewards import load_image_reward
 from lmrl.flow.rollout import FlowSampler
 from lmrl.logging import make_trackers
 from lmrl.models.loading import resolve_device, write_dir_atomically
-from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
-from lmrl.trainer.health import ZERO_SPREAD_KEY, RunHealth
-from lmrl.trainer.loop import RunsOnLoop, resume
+from lmrl.run.checkpoint import load_state, read_weights, rng_state, set_rng_state
+from lmrl.run.health import ZERO_SPREAD_KEY, RunHealth
+from lmrl.run.loop import RunsOnLoop, resume
+from lmrl.run.resume import RunStart, open_run
 from lmrl.trainer.metrics import zero_spread_fraction
-from lmrl.trainer.resume import RunStart, open_run
 from lmrl.workers.precision import Precision
 
 FLOW_ZERO_SPREAD = (
@@ -373,7 +373,7 @@ def _fidelity(cfg: FlowConfig, rows: list[dict[str, Any]]) -> Any:
 
 
 class FlowTrainer(RunsOnLoop):
-    """Flow-GRPO as a program of the run loop (``lmrl.trainer.loop``): the loop brings the
+    """Flow-GRPO as a program of the run loop (``lmrl.run.loop``): the loop brings the
     cadence, checkpoints with exact resume, signals, health, trackers and ``final/``.
 
     Args:

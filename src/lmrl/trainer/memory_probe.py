@@ -39,7 +39,7 @@ import torch
 
 from lmrl.batch import Batch
 from lmrl.rollout.agent import AgentLoop
-from lmrl.trainer.checkpoint import rng_state, set_rng_state
+from lmrl.run.checkpoint import rng_state, set_rng_state
 
 log = logging.getLogger("lmrl.trainer")
 

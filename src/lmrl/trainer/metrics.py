@@ -1,4 +1,4 @@
-"""Step metrics: the one table of names, the per-batch data metrics, and stage timers.
+"""Step metrics: the one table of names, and the per-batch data metrics (stage timers: `lmrl.run.timing`).
 
 Names are hierarchical and verl's where verl has one, so dashboards carry over. Workers and
 ``lmrl.algos`` return detached tensors; they become floats here, once per step.
@@ -7,9 +7,7 @@ Names are hierarchical and verl's where verl has one, so dashboards carry over. 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
 
 import torch
 
@@ -166,27 +164,6 @@ def metrics_markdown() -> str:
     return "\n".join(lines) + "\n" + PARITY_DOC
 
 
-class StageTimer:
-    """Wall-clock seconds per named stage: ``with timer("gen"): ...`` -> ``timing_s/gen``."""
-
-    def __init__(self, on_enter=None) -> None:
-        self.seconds: dict[str, float] = {}
-        self.on_enter = on_enter  # called with the stage name as it starts
-
-    @contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        if self.on_enter is not None:
-            self.on_enter(name)
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-    def metrics(self) -> dict[str, float]:
-        return {f"timing_s/{name}": s for name, s in self.seconds.items()}
-
-
 def to_floats(metrics: Mapping[str, torch.Tensor | float | int]) -> dict[str, float]:
     """Detached tensors and numbers -> floats, in one pass (one device sync per tensor)."""
     return {
@@ -306,7 +283,6 @@ if __name__ == "__main__":
 
 __all__ = [
     "METRICS",
-    "StageTimer",
     "data_metrics",
     "mean_metrics",
     "metrics_markdown",

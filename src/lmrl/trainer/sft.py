@@ -1,7 +1,7 @@
 """Supervised fine-tuning (``lmrl sft``): the warm start before RL.
 
 ``build_sft(cfg)`` assembles the parts (``SFTParts``) and ``SFTTrainer`` is the program the run
-loop (``lmrl.trainer.loop``) runs over them, as ``lmrl train`` runs the RL ``Trainer``: the same
+loop (``lmrl.run.loop``) runs over them, as ``lmrl train`` runs the RL ``Trainer``: the same
 signals, checkpoints with exact resume (``trainer.resume_mode=auto``), health checks, trackers
 and progress. It fits a causal LM on ``lmrl.data.SFTDataset`` examples (prompt/response,
 chat-message or verl RL-format rows) and writes a model directory that
@@ -15,7 +15,7 @@ Choices:
   micro-batches of ``data.micro_batch_size`` (each right-padded to its own longest row) whose
   gradients accumulate to the whole batch's (see ``lmrl.workers.sft``).
 - Checkpoints ``global_step_N`` hold the weights, optimizer, schedule, data order and RNGs
-  (``lmrl.trainer.checkpoint``); the finished model is exported to ``final/`` as a plain
+  (``lmrl.run.checkpoint``); the finished model is exported to ``final/`` as a plain
   Hugging Face directory (LoRA merged), written to a temporary directory and renamed, so a
   killed run never leaves a half-written ``final/``.
 """
@@ -37,11 +37,12 @@ from lmrl.errors import DataError
 from lmrl.logging import make_trackers
 from lmrl.models.loading import export_pretrained, load_causal_lm, load_tokenizer, resolve_device
 from lmrl.models.lora import adapter_export, apply_lora, merged_state
-from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
-from lmrl.trainer.health import SFTHealth
-from lmrl.trainer.loop import RunsOnLoop, resume
-from lmrl.trainer.metrics import StageTimer, to_floats
-from lmrl.trainer.resume import RunStart, open_run
+from lmrl.run.checkpoint import load_state, read_weights, rng_state, set_rng_state
+from lmrl.run.health import SFTHealth
+from lmrl.run.loop import RunsOnLoop, resume
+from lmrl.run.resume import RunStart, open_run
+from lmrl.run.timing import StageTimer
+from lmrl.trainer.metrics import to_floats
 from lmrl.workers.build import seed_everything
 from lmrl.workers.precision import Precision
 from lmrl.workers.sft import SFTWorker
@@ -134,7 +135,7 @@ def _dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
 
 
 class SFTTrainer(RunsOnLoop):
-    """Supervised fine-tuning as a program of the run loop (``lmrl.trainer.loop``).
+    """Supervised fine-tuning as a program of the run loop (``lmrl.run.loop``).
 
     Args:
         parts: from `build_sft`; a checkpoint in ``parts.start.resume_from`` is loaded here.

@@ -1,6 +1,6 @@
 """Stages 1-2 of the step, rollout and reward, with DAPO dynamic sampling; and validation.
 
-Free functions over a run's parts (:class:`lmrl.trainer.run.RunParts`), so the trainer's step
+Free functions over a run's parts (:class:`lmrl.trainer.build.RunParts`), so the trainer's step
 stays the numbered pipeline and ``lmrl eval`` validates without a trainer.
 """
 
@@ -17,7 +17,7 @@ import torch
 from lmrl.batch import Batch
 from lmrl.rewards.result import RewardResult, merge_results, split_extras
 from lmrl.rollout.merge import concat_rollouts
-from lmrl.trainer.metrics import StageTimer
+from lmrl.run.timing import StageTimer
 from lmrl.trainer.validation import validation_metrics
 
 log = logging.getLogger("lmrl.trainer")

@@ -17,7 +17,7 @@ With ``async_training.enable`` stages 1-2 run ahead in threads of their own
 (``lmrl.trainer.ahead``): the step takes the batch its staleness bound allows and hands the
 new weights over after its update.
 
-The trainer builds nothing: ``lmrl.trainer.run.build_run`` hands it the parts, and it never
+The trainer builds nothing: ``lmrl.trainer.build.build_run`` hands it the parts, and it never
 branches on an algorithm's name (what a stage prepares comes from the registries, through the
 parts' ``StepPlan``). Around the step: validation, checkpoints with exact resume, metrics, and
 the signals and save failures that must never cost finished work.
@@ -40,14 +40,15 @@ from lmrl.config.schema import TrainerConfig
 from lmrl.errors import CheckpointError
 from lmrl.models.loading import export_pretrained, resolve_device
 from lmrl.models.lora import adapter_export, merged_state
-from lmrl.trainer.checkpoint import load_state, read_weights, rng_state, set_rng_state
-from lmrl.trainer.health import RunHealth
-from lmrl.trainer.loop import RunsOnLoop, resume
+from lmrl.run.checkpoint import load_state, read_weights, rng_state, set_rng_state
+from lmrl.run.health import RunHealth
+from lmrl.run.loop import RunsOnLoop, resume
+from lmrl.run.resume import RunStart
+from lmrl.run.timing import StageTimer
+from lmrl.trainer.build import RunParts
 from lmrl.trainer.memory_probe import run_memory_probe, wants_probe
-from lmrl.trainer.metrics import StageTimer, data_metrics, engine_gap, throughput, to_floats
+from lmrl.trainer.metrics import data_metrics, engine_gap, throughput, to_floats
 from lmrl.trainer.parity import ParityProbe
-from lmrl.trainer.resume import RunStart
-from lmrl.trainer.run import RunParts
 from lmrl.trainer.stages import rollout, scoring_thread, validate
 
 if TYPE_CHECKING:

@@ -216,7 +216,7 @@ class TrainableWorker:
         with, so a resume with changed settings (``trainer.allow_config_change``) really
         trains at the new lr, in the param groups and the schedule. Without a change they are
         the same values, bit for bit. The peak lr is the configured one times the state's
-        ``lr_scale`` (1 unless the run doctor lowered it, `lmrl.trainer.doctor`).
+        ``lr_scale`` (1 unless the run doctor lowered it, `lmrl.run.doctor`).
         """
         optimizer, scheduler = self.optimizer, self.scheduler
         fresh = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]

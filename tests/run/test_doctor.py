@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from lmrl.config import ConfigError, load_config
+from lmrl.run.checkpoint import list_checkpoints, load_state
+from lmrl.run.health import RunHealth
 from lmrl.trainer import Trainer, build_run
-from lmrl.trainer.checkpoint import list_checkpoints, load_state
-from lmrl.trainer.health import RunHealth
 
 VAL = "val/digits/acc"
 

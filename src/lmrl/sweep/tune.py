@@ -1,11 +1,11 @@
-"""``lmrl sweep --backend ray``: the trials of `lmrl.trainer.sweep` on Ray Tune, in parallel,
+"""``lmrl sweep --backend ray``: the trials of `lmrl.sweep` on Ray Tune, in parallel,
 stopped early by ``ASHAScheduler``.
 
 Ray is started (or joined) the way a ``trainer.backend=ray`` run does it
 (`lmrl.workers.ray_cluster.RayCluster`: a private loopback instance with its own temp
 directory and a reaper, or ``resources.ray_address`` of the base config to join a cluster),
 and stopped afterwards. Each trial is a Tune function trainable that runs
-`lmrl.trainer.sweep.run_trial` with ``trainer.backend=local`` inside its Ray worker, on
+`lmrl.sweep.run_trial` with ``trainer.backend=local`` inside its Ray worker, on
 ``cpus_per_trial`` CPUs (torch threads) and ``gpus_per_trial`` GPUs. It reports at every
 validation before its last step (``step``, ``score`` = `rank_score`), and once more after its
 run has ended, so that a stop at ``max_t`` never cuts an export short. ASHA: ``time_attr=step``,
@@ -22,7 +22,7 @@ import os
 from types import SimpleNamespace
 
 from lmrl.errors import LmrlError
-from lmrl.trainer.sweep import Sweep, TrialRecord, run_trial
+from lmrl.sweep import Sweep, TrialRecord, run_trial
 
 log = logging.getLogger("lmrl.trainer")
 

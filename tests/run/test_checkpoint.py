@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 from tests.trainer.conftest import linked_workspace
 
-from lmrl.trainer.checkpoint import (
+from lmrl.run.checkpoint import (
     check_checkpoint,
     latest_checkpoint,
     list_checkpoints,

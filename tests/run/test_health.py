@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmrl.trainer.health import ZERO_SPREAD_KEY, RunHealth, SFTHealth
+from lmrl.run.health import ZERO_SPREAD_KEY, RunHealth, SFTHealth
 from lmrl.trainer.metrics import zero_spread_fraction
 
 

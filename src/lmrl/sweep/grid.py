@@ -1,4 +1,4 @@
-"""The search space of ``lmrl sweep`` (`lmrl.trainer.sweep`): ``--grid key=v1,v2`` parsed into
+"""The search space of ``lmrl sweep`` (`lmrl.sweep`): ``--grid key=v1,v2`` parsed into
 axes, and the trials drawn from them (every grid point, or ``--samples N`` random ones; a
 ``key=log:LOW..HIGH`` range is drawn log-uniformly). Values stay the text the user typed: each
 trial's ``key=value`` goes through ``lmrl train``'s own config loading, which parses and checks

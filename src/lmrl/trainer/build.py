@@ -28,8 +28,8 @@ from lmrl.models import (
     resolve_device,
 )
 from lmrl.rollout import SamplingParams
-from lmrl.trainer.checkpoint import load_model_state
-from lmrl.trainer.resume import RunStart, open_run
+from lmrl.run.checkpoint import load_model_state
+from lmrl.run.resume import RunStart, open_run
 from lmrl.trainer.stages import validate
 from lmrl.workers.build import build_workers, seed_everything
 from lmrl.workers.reward import build_reward

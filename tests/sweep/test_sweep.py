@@ -13,7 +13,7 @@ import pytest
 
 from lmrl.cli import main
 from lmrl.config import ConfigError
-from lmrl.trainer.sweep import (
+from lmrl.sweep import (
     SuccessiveHalving,
     TrialRecord,
     rank,
@@ -21,7 +21,7 @@ from lmrl.trainer.sweep import (
     slope,
     validation_score,
 )
-from lmrl.trainer.sweep_grid import Axis, draw_trials, parse_grid
+from lmrl.sweep.grid import Axis, draw_trials, parse_grid
 
 # the score of a call grows with every call, times `scale`: a trial at scale=-1 scores lower
 # at every validation and every step than one at scale=1, whatever the model answers
@@ -181,8 +181,8 @@ def test_trials_probe_their_run_directories_under_a_trials_dir_that_stays(tiny_w
     the directories it made: trials/ is the sweep's own, made before any trial, so one trial's
     probe cannot remove it under another's mkdir (a CI failure: "trials/01 is not writable: No
     such file or directory")."""
-    from lmrl.trainer.resume import check_run_dir
-    from lmrl.trainer.sweep import plan_sweep, run_sweep
+    from lmrl.run.resume import check_run_dir
+    from lmrl.sweep import plan_sweep, run_sweep
 
     sweep = plan_sweep(
         None, _tiny_sweep_args(tiny_workspace, tmp_path),
@@ -204,8 +204,8 @@ def test_trials_probe_their_run_directories_under_a_trials_dir_that_stays(tiny_w
 
 def test_ray_tune_sweep_runs_both_trials_and_stops_ray(tiny_workspace, tmp_path, capsys):
     pytest.importorskip("ray.tune")
-    from lmrl.trainer.sweep import plan_sweep, run_sweep
-    from lmrl.trainer.sweep_ray import run_ray
+    from lmrl.sweep import plan_sweep, run_sweep
+    from lmrl.sweep.tune import run_ray
     from lmrl.workers.ray_cluster import ray_processes
 
     sweep = plan_sweep(
@@ -229,7 +229,7 @@ def test_lr_sweep_on_the_demos_warm_start_picks_the_rate_that_learns(tmp_path):
     not move, 1e-3 knocks the warm start down (docs/demo.md) and is stopped early."""
     from lmrl.demos.digits import run_sft, write_demo_data
     from lmrl.models.tiny import build_tiny_model
-    from lmrl.trainer.sweep import plan_sweep, run_sweep
+    from lmrl.sweep import plan_sweep, run_sweep
 
     model = build_tiny_model(tmp_path / "model", arch="qwen2", size="small", seed=0)
     data = write_demo_data(tmp_path / "data", 0, 10_000, 128, None)

@@ -22,7 +22,7 @@ Choices:
   a trial reaching a rung continues only if its score there is at least the
   ``(1 - 1/eta)`` quantile of the scores recorded at that rung before it (the median for
   ``eta = 2``); the first trial at a rung always continues. On Ray Tune this is
-  ``ray.tune.schedulers.ASHAScheduler`` itself (``lmrl.trainer.sweep_ray``); in the local
+  ``ray.tune.schedulers.ASHAScheduler`` itself (``lmrl.sweep.tune``); in the local
   backend, trials run one after another and `SuccessiveHalving` applies the same rule.
 - **Results**: ``DIR/trials.csv`` and ``DIR/trials.md`` (every trial's keys, steps,
   validation before and after, gain per step, train slope, status), ``DIR/sweep.png``, and
@@ -43,8 +43,8 @@ from pathlib import Path
 
 from lmrl.config import Config, ConfigError, load_config
 from lmrl.errors import LmrlError
-from lmrl.trainer import health
-from lmrl.trainer.sweep_grid import draw_trials, parse_grid
+from lmrl.run import health
+from lmrl.sweep.grid import draw_trials, parse_grid
 
 log = logging.getLogger("lmrl.trainer")
 
@@ -458,7 +458,7 @@ def run_sweep(
     sweep: Sweep, runner: Callable[[Sweep], list[TrialRecord]] | None = None
 ) -> tuple[list[TrialRecord], dict]:
     """Run every trial with ``runner`` (default `run_local`; Ray Tune with ASHA:
-    ``lmrl.trainer.sweep_ray.run_ray``), then write the results; returns the records and
+    ``lmrl.sweep.tune.run_ray``), then write the results; returns the records and
     `write_results`'s paths."""
     runner = runner or run_local
     # trials/ exists before any trial starts: trials launched at once (Ray Tune) each probe

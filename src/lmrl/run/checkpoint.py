@@ -11,7 +11,7 @@ Writes are atomic: everything goes into ``.global_step_<N>.tmp``, each file is f
 directory renamed into place. A checkpoint without a manifest, or whose files do not match
 it, is corrupt: ``latest_checkpoint`` skips it (with a warning) for the previous good one.
 The manifest also names the command whose run wrote it (``"command": "lmrl sft"``), so a run
-directory is never resumed by another command (``lmrl.trainer.resume``).
+directory is never resumed by another command (``lmrl.run.resume``).
 """
 
 from __future__ import annotations

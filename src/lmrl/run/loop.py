@@ -23,7 +23,7 @@ hold the same for all of them:
   which are then logged); a run it stops is validated, checkpointed and exported like a run
   that reached its last step;
 - **rollback** (``trainer.rollback``, RL): each new best validation is saved, and a collapse
-  the health checks see sends the run back to it at a lower lr (`lmrl.trainer.doctor`).
+  the health checks see sends the run back to it at a lower lr (`lmrl.run.doctor`).
 
 A run that ends (its last step, or an early stop) writes ``run_dir/final`` (`Program.export`).
 """
@@ -40,10 +40,10 @@ import torch
 
 from lmrl.config.run import RunSettings
 from lmrl.errors import CheckpointError, WorkerError
-from lmrl.trainer.checkpoint import checkpoint_step, latest_checkpoint, save_checkpoint
-from lmrl.trainer.doctor import Doctor
-from lmrl.trainer.resume import RunStart
-from lmrl.trainer.signals import EXIT_CODES, StopOnSignal
+from lmrl.run.checkpoint import checkpoint_step, latest_checkpoint, save_checkpoint
+from lmrl.run.doctor import Doctor
+from lmrl.run.resume import RunStart
+from lmrl.run.signals import EXIT_CODES, StopOnSignal
 
 log = logging.getLogger("lmrl.trainer")
 
@@ -54,7 +54,7 @@ StepEnd = Callable[[int, dict[str, float]], bool]
 
 
 class Health(Protocol):
-    """Warnings for a run that is failing while it runs (``lmrl.trainer.health``)."""
+    """Warnings for a run that is failing while it runs (``lmrl.run.health``)."""
 
     def baseline(self, val_metrics: Mapping[str, float]) -> None:
         """The validation before the first step."""
@@ -68,7 +68,7 @@ class Program(Protocol):
     with the state); ``step()`` advances it by one.
 
     Attributes:
-        start: the run directory, its config and resume point (``lmrl.trainer.resume``).
+        start: the run directory, its config and resume point (``lmrl.run.resume``).
         trackers: where metrics go (``lmrl.logging.make_trackers``).
         health: the run's health checks.
         total_steps: steps of the whole run.
@@ -257,7 +257,7 @@ class RunLoop:
             self._save(final=False)
 
     def _roll_back(self, step: int) -> None:
-        """Back to the best validated checkpoint at a lower lr (`lmrl.trainer.doctor`)."""
+        """Back to the best validated checkpoint at a lower lr (`lmrl.run.doctor`)."""
         prog, doctor = self.program, self.doctor
         path = doctor.keep()
         number = doctor.rollbacks + 1

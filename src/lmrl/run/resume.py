@@ -36,7 +36,7 @@ import yaml
 from lmrl.config import Config, config_to_dict
 from lmrl.config.loader import save_config, yaml_problem
 from lmrl.errors import CheckpointError
-from lmrl.trainer.checkpoint import (
+from lmrl.run.checkpoint import (
     check_checkpoint,
     checkpoint_command,
     list_checkpoints,

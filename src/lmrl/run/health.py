@@ -12,7 +12,7 @@ collapses (its entropy under a floor while validation falls from its best), or t
 climbs while the responses run to the length limit (the common reward hack). `RunHealth`
 watches the RL metrics step by step and `SFTHealth` the SFT loss; each returns the warnings
 that became true at this step, and never the same one twice. A collapse also sets
-``RunHealth.collapse``, which the run doctor (`lmrl.trainer.doctor`, ``trainer.rollback``)
+``RunHealth.collapse``, which the run doctor (`lmrl.run.doctor`, ``trainer.rollback``)
 acts on; after a rollback, `RunHealth.rewind` forgets the abandoned steps.
 
 The thresholds are deliberately loose: a warning is a hint to look at the plot

@@ -18,10 +18,10 @@ import torch
 from safetensors.torch import load_file
 
 from lmrl.errors import CheckpointError
-from lmrl.trainer.checkpoint import latest_checkpoint, load_state, read_weights
-from lmrl.trainer.loop import RunLoop, resume
-from lmrl.trainer.resume import RunStart
-from lmrl.trainer.signals import StopNow
+from lmrl.run.checkpoint import latest_checkpoint, load_state, read_weights
+from lmrl.run.loop import RunLoop, resume
+from lmrl.run.resume import RunStart
+from lmrl.run.signals import StopNow
 
 
 @dataclass
@@ -205,7 +205,7 @@ def test_the_first_signal_saves_after_the_step_and_the_second_stops_now(
         def start(self):
             pass
 
-    monkeypatch.setattr("lmrl.trainer.signals.threading.Timer", Watchdog)
+    monkeypatch.setattr("lmrl.run.signals.threading.Timer", Watchdog)
     prog = FakeProgram(tmp_path / "twice", on_step=twice)
     with pytest.raises(StopNow) as err:
         RunLoop(prog, Settings()).run()
@@ -216,7 +216,7 @@ def test_the_first_signal_saves_after_the_step_and_the_second_stops_now(
 def test_a_failed_periodic_save_is_retried_and_a_failed_final_save_is_an_error(
     tmp_path, monkeypatch, caplog
 ):
-    from lmrl.trainer import loop as loop_module
+    from lmrl.run import loop as loop_module
 
     real, calls = loop_module.save_checkpoint, []
 

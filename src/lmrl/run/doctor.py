@@ -1,7 +1,7 @@
 """The run doctor's rollback (``trainer.rollback``): a collapsed run goes back to its best
 validated checkpoint and on at a lower learning rate.
 
-The health checks (`lmrl.trainer.health`) only say what they see. With ``trainer.rollback``
+The health checks (`lmrl.run.health`) only say what they see. With ``trainer.rollback``
 the run acts on one of them, the collapse (the policy's entropy under a floor while validation
 falls from its best), because that one has a known good state to return to and a known change:
 
@@ -28,8 +28,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from lmrl.trainer.checkpoint import checkpoint_step, list_checkpoints
-from lmrl.trainer.health import validation_score
+from lmrl.run.checkpoint import checkpoint_step, list_checkpoints
+from lmrl.run.health import validation_score
 
 log = logging.getLogger("lmrl.trainer")
 

@@ -21,7 +21,7 @@ from lmrl.config import load_config
 from lmrl.models import build_tiny_model, load_tokenizer
 from lmrl.models.memory import LiveTensorBytes, ModelShape, format_bytes
 from lmrl.models.tiny import save_model, tiny_config
-from lmrl.trainer.plan import PARTS, load_plan_config, plan_memory
+from lmrl.trainer.memory_plan import PARTS, load_plan_config, plan_memory
 from lmrl.workers.build import build_workers
 
 B, P, T, MICRO = 4, 48, 48, 2
