@@ -11,7 +11,7 @@ the same uniforms. Each path runs once short (a warm-up) and once timed.
 
 Two more paths take the graphs apart (``--modes``): ``graphs-nofold`` attends through the
 model's own sdpa (``repeat_kv`` copies the cache to every query head) and ``graphs-full``
-also reads the full-width cache every step: together, session 16's graph path.
+also reads the full-width cache every step: together, the graph path before the folded attention.
 ``graphs-fusednorm`` and ``static-fusednorm`` normalize through ``F.rms_norm``
 (``lmrl.rollout.static.FUSED_NORM``, off by default until measured here). A last line
 times the sampler alone (``pick`` on (rows, vocabulary) float32 logits) per step.

@@ -357,7 +357,7 @@ def run_lmrl(s: Setting, work: Path, side: str = "lmrl") -> dict:
         clock = time.perf_counter()
         stage = trainer.step()
         sync(s.device)
-        # Two H200 runs of session 24 timed out inside this block: say where the time goes.
+        # Two H200 runs (2026-11-27) timed out inside this block: say where the time goes.
         print(f"profiled step and table: {time.perf_counter() - clock:.0f}s", file=sys.stderr,
               flush=True)  # fmt: skip
         stages_line = {k: round(v, 3) for k, v in stage.items() if "timing_s/" in k}

@@ -14,7 +14,7 @@ variant is ``CKPT:SHARE[:reads]``:
   (every row's prompt in full); without checkpointing lmrl always shares them, so ``full``
   has ``shared`` only;
 - ``:reads``: the update without the host's layout of the rows (`lmrl.models.layout`), so that
-  each micro-batch reads its shape back from the device as before session 26: the layout's
+  each micro-batch reads its shape back from the device as without the layout: the layout's
   gain, measured in the same process.
 
 Each variant runs on the step's batch (``plain``: every prompt exactly prompt_len tokens, so
@@ -196,7 +196,7 @@ def main() -> None:
               "setting": vars(args) | {"rows": s.rows}, "results": rows}  # fmt: skip
     out.write_text(json.dumps(report, indent=1))
     print(f"\nwrote {out}", flush=True)
-    if args.profile:  # last: in session 24 profiled gpu_step children ran out of time
+    if args.profile:  # last: profiled gpu_step children have run out of time (H200, 2026-11-27)
         set_variant(actor, args.profile)
         clock = time.perf_counter()
         _, table = profiled(

@@ -79,8 +79,8 @@ LOGIT_TRANSFORMS = (
 # devices where that was measured to pay: a CPU (an update 3.9 s against 5.1 s,
 # docs/performance.md). On CUDA the full pass of a micro-batch without padding attends with
 # flash attention and the response pass with a mask; one H200 run of the 1.5B shape with
-# sharing had a slower update than session 21's without it (8.34 s against 6.30 s, other code
-# changed too), and the A/B did not finish: not shared there yet.
+# sharing had a slower update than an earlier run without it (8.34 s against 6.30 s, other code
+# changed too; docs/results/performance.md), and the A/B did not finish: not shared there yet.
 CHECKPOINTED_SHARING_DEVICES = ("cpu",)
 
 
