@@ -10,10 +10,10 @@ it has passed the margin. The before/after table is written to
 without pytest-xdist under ``pytest -s``); ``docs/learning.md`` holds the last one measured.
 
 ``count`` and ``compare`` get more steps: their warm starts (at or near chance) lack the
-skill, and RL builds it (docs/learning.md section 2); Clip-Cov in the recipe is what lets every estimator do
+skill, and RL builds it (docs/results/learning.md, "The causes"); Clip-Cov in the recipe is what lets every estimator do
 so instead of sharpening the warm start's answers. ``compare`` is scored by exact match
-(``TASK_OVERRIDES``): its rank credit pays for a wrong pick and held RL back (section 2,
-session 13).
+(``TASK_OVERRIDES``): its rank credit pays for a wrong pick and held RL back
+(docs/results/learning.md).
 
 ``make test-learning`` runs the tests on two pytest-xdist workers of one torch thread each,
 each task's runs on one worker (``xdist_group``), so that a warm start is built once.
@@ -32,10 +32,10 @@ pytestmark = [pytest.mark.learning, pytest.mark.timeout(1800)]
 
 # task -> RL steps at most per run (the longest first: the xdist workers take them in order);
 # count's Dr.GRPO crossed at 420 of 500 steps, and at 570 once the packed forward's rounding
-# (1e-6) changed its trajectory (docs/learning.md section 6, session 22)
+# (1e-6) changed its trajectory (docs/results/learning.md, "The learning suite")
 STEPS = {"compare": 800, "count": 800, "digits": 150, "sort": 150, "add": 150}
 TASKS = tuple(STEPS)
-# a task's own overrides: compare's exact-match reward (docs/learning.md section 2)
+# a task's own overrides: compare's exact-match reward (docs/results/learning.md)
 TASK_OVERRIDES = {"compare": ["reward.scorer_options.compare.binary=true"]}
 SFT_ACC = 0.3  # the warm start stops at this greedy exact match (at most 0.5 by construction)
 MARGIN = 0.15  # greedy exact match must rise by this much over the warm start's
@@ -44,7 +44,7 @@ LR = 1e-4  # the actor's, after 10 warmup steps
 # GRPO (16 prompts x 8 samples, one update per batch, token-mean, no KL): sampling at 0.7 and
 # Clip-Cov (no gradient from up to 10% of the tokens, drawn among those whose log-prob and
 # advantage covary most: the ones that sharpen the policy; 30% let REINFORCE++ diverge on
-# compare, docs/learning.md section 2)
+# compare, docs/results/learning.md)
 RECIPE = [
     "rollout.temperature=0.7",
     "actor.policy_loss.loss_mode=clip_cov",
