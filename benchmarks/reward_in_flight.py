@@ -8,11 +8,11 @@ process). Six runs from the same warm start, same seed:
 
     instant       the judge answers at once (what the step costs without it)
     at once       the batch is generated, then scored (the default)
-    in flight     ``reward.in_flight_chunks=4``: each quarter is scored while the next one
+    in flight     ``reward.overlap.chunks=4``: each quarter is scored while the next one
                   generates
-    rows          ``reward.in_flight_rows=true``: each sample is scored the moment it stops
+    rows          ``reward.overlap.rows=true``: each sample is scored the moment it stops
                   (EOS), while the other rows decode
-    async only    ``reward.launch_async=true``: the batch's scoring overlaps the old and
+    async only    ``reward.overlap.log_probs=true``: the batch's scoring overlaps the old and
                   reference log-probs
     rows+async    both
 
@@ -52,10 +52,10 @@ def judge(data_source, solution_str, ground_truth, extra_info=None):
 MODES = {
     "instant": (0.0, []),
     "at once": (None, []),
-    "in flight": (None, ["reward.in_flight_chunks=4"]),
-    "rows": (None, ["reward.in_flight_rows=true"]),
-    "async only": (None, ["reward.launch_async=true"]),
-    "rows+async": (None, ["reward.in_flight_rows=true", "reward.launch_async=true"]),
+    "in flight": (None, ["reward.overlap.chunks=4"]),
+    "rows": (None, ["reward.overlap.rows=true"]),
+    "async only": (None, ["reward.overlap.log_probs=true"]),
+    "rows+async": (None, ["reward.overlap.rows=true", "reward.overlap.log_probs=true"]),
 }
 
 

@@ -52,7 +52,7 @@ def test_every_rule_of_the_table_lands_on_a_schema_key(target, root):
             assert tr(verl_key, 1).path == leaf, rule
         else:
             accepted = [v for v in ("x", "http://x") if not rule.accepts or not rule.accepts(v)]
-            value = True if rule.flag else accepted[0]
+            value = True if rule.flag or rule.count else accepted[0]
             if rule.values:  # spelled otherwise here: one of theirs
                 value = rule.values[0][0]
             path = tr(rule.verl, value).path
@@ -273,8 +273,8 @@ def test_verl_key_maps(verl_key, text, ours, expected, monkeypatch):
     overrides = [*BASE, *COMPANIONS.get(verl_key, []), f"{verl_key}={text}"]
     cfg = load_config(None, overrides, required=())
     value = cfg
-    for seg in ours.split("."):
-        value = getattr(value, seg)
+    for seg in ours.split("."):  # through the options of a mapping key (rollout.correction)
+        value = value[seg] if isinstance(value, dict) else getattr(value, seg)
     assert value == expected
     assert type(value) is type(expected)
 
@@ -521,15 +521,15 @@ def test_verl_layout_yaml_file(tmp_path):
     assert cfg.rollout.log_prob_micro_batch_size == 16
     assert cfg.ref.log_prob_micro_batch_size == 16  # through the interpolation
     assert cfg.critic.ppo_mini_batch_size == 8 and cfg.critic.enable is False
-    assert cfg.reward.manager == "dapo" and cfg.reward.overlong_buffer.len == 32
+    assert cfg.reward.manager == "dapo" and cfg.reward.overlong_buffer["len"] == 32
     assert cfg.algorithm.adv_estimator == "grpo"
     assert cfg.algorithm.norm_adv_by_std_in_grpo is False
-    assert cfg.algorithm.filter_groups.enable is True
-    assert cfg.algorithm.filter_groups.metric == "acc"
+    assert cfg.algorithm.filter_groups["enable"] is True
+    assert cfg.algorithm.filter_groups["metric"] == "acc"
     assert cfg.trainer.logger == ["console", "tensorboard"]
     assert cfg.trainer.max_ckpt_to_keep == 3 and cfg.resources.n_gpus_per_node == 1
     assert cfg.actor.strategy == "fsdp" and cfg.actor.offload == "none"
-    assert cfg.actor.policy_loss.clip_cov_ratio == 0.0002  # clip_cov's, carried over
+    assert cfg.actor.policy_loss["clip_cov_ratio"] == 0.0002  # clip_cov's, carried over
     noticed = {n.split("=")[0] for n in notices}
     assert {
         "data.tokenizer",

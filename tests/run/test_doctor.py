@@ -1,5 +1,5 @@
-"""The run doctor (``trainer.rollback``): the new health checks, and a collapsed run rolled back
-to its best validated checkpoint at a lower learning rate."""
+"""The run doctor (``trainer.max_rollbacks``): the new health checks, and a collapsed run
+rolled back to its best validated checkpoint at a lower learning rate."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_a_collapse_is_entropy_under_a_floor_while_validation_falls():
     said = _feed(health, rows[3:])
     assert health.collapse == (1, 0.5, 0.0)
     assert any("collapsed" in w and "from 0.500 (step 1) to 0.000 (step 4)" in w for w in said)
-    assert any("trainer.rollback=true" in w for w in said)
+    assert any("trainer.max_rollbacks=2" in w for w in said)
     health.rewind(1)  # the run went back to step 1: the collapse may be said again
     assert health.collapse is None and health.val_history == [(0, 0.45), (1, 0.5)]
     assert any("collapsed" in w for w in _feed(health, rows[3:]))
@@ -71,7 +71,8 @@ def test_a_score_that_climbs_while_responses_hit_the_limit_is_said_once():
 def test_rollback_without_validation_is_one_line(tiny_workspace):
     base = [f"model.path={tiny_workspace / 'model'}",
             f"data.train_files={tiny_workspace / 'data' / 'train.parquet'}"]  # fmt: skip
-    with pytest.raises(ConfigError, match=r"trainer\.rollback=true needs validation"):
+    needs = r"trainer\.max_rollbacks=2 \(the rollback\) needs validation"
+    with pytest.raises(ConfigError, match=needs):  # the old switch folds into max_rollbacks
         load_config(None, [*base, "trainer.rollback=true"])
     with pytest.raises(ConfigError, match=r"trainer.rollback_lr_factor.*must be in \(0, 1\)"):
         load_config(None, [*base, "trainer.rollback_lr_factor=1.5"])
@@ -111,8 +112,8 @@ def _rl(model: Path, data: dict, run_dir: Path, *extra: str):
 def test_a_collapsed_run_rolls_back_to_its_best_checkpoint_and_ends_above_the_collapse(
     warm_digits, tmp_path
 ):
-    """lr 1e-2 collapses the warm start (validation to ~0); with trainer.rollback the run goes
-    back to its best validated checkpoint at a lower lr and ends well above the collapse."""
+    """lr 1e-2 collapses the warm start (validation to ~0); with trainer.max_rollbacks the run
+    goes back to its best validated checkpoint at a lower lr and ends well above the collapse."""
     model, data = warm_digits
     cfg = _rl(model, data, tmp_path / "plain")
     plain = Trainer(build_run(cfg), cfg.trainer)
@@ -123,8 +124,8 @@ def test_a_collapsed_run_rolls_back_to_its_best_checkpoint_and_ends_above_the_co
 
     # x0.01: at lr 1e-3 this tiny warm start's greedy accuracy still sinks to ~0.1 (its
     # samples at temperature 1 are far worse than its greedy answers); at 1e-4 it holds
-    cfg = _rl(model, data, tmp_path / "doctor", "trainer.rollback=true",
-              "trainer.max_rollbacks=2", "trainer.rollback_lr_factor=0.01")  # fmt: skip
+    cfg = _rl(model, data, tmp_path / "doctor", "trainer.max_rollbacks=2",
+              "trainer.rollback_lr_factor=0.01")  # fmt: skip
     trainer = Trainer(build_run(cfg), cfg.trainer)
     trainer.fit()
     run_dir = tmp_path / "doctor"

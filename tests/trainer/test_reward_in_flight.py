@@ -1,6 +1,6 @@
 """Rewards in flight (issue 34 part 1): a block of rows is scored as soon as it is generated,
-while the next block generates (``reward.in_flight_chunks``), and the scoring may overlap the
-old and reference log-probs too (``reward.launch_async``, verl's ``launch_reward_fn_async``).
+while the next block generates (``reward.overlap.chunks``), and the scoring may overlap the
+old and reference log-probs too (``reward.overlap.log_probs``, verl's ``launch_reward_fn_async``).
 
 What is checked: the samples and scores are those of the step that generates the batch, then
 scores it; the reward really runs while the engine generates (or while stage 4 runs): the
@@ -124,13 +124,13 @@ class Blocks:
         return self.inner.generate(prompts, n, sampling, prompt_offset=prompt_offset)
 
 
-# ------------------------------------------------------------------ in_flight_chunks
+# ------------------------------------------------------------------ overlap.chunks
 
 
 def test_blocks_scored_as_they_finish_give_the_batch_scored_at_once(workspace):
     whole, whole_m = run(workspace, "whole")
     sizes: list[int] = []
-    parts, parts_m = run(workspace, "blocks", "reward.in_flight_chunks=3",
+    parts, parts_m = run(workspace, "blocks", "reward.overlap.chunks=3",
                          reward=lambda batch: sizes.append(len(batch)))  # fmt: skip
     assert sizes == [6, 6, 4] * 2  # 8 prompts x 2 samples in 3 calls of whole groups, 2 steps
     assert_same_run(whole, whole_m, parts, parts_m)
@@ -149,7 +149,7 @@ def test_a_block_is_scored_while_the_next_one_generates(workspace):
         if not overlapped:  # the first block: waits until the second starts generating
             overlapped.append(engines[0].started[1].wait(timeout=20))
 
-    run(workspace, "overlap", "reward.in_flight_chunks=2", "trainer.total_training_steps=1",
+    run(workspace, "overlap", "reward.overlap.chunks=2", "trainer.total_training_steps=1",
         reward=waiting, engine=wrap_engine)  # fmt: skip
     assert overlapped == [True]
     assert engines[0].calls == 2
@@ -158,19 +158,19 @@ def test_a_block_is_scored_while_the_next_one_generates(workspace):
 def test_remax_and_dynamic_sampling_keep_their_results_with_blocks(workspace):
     remax = ("algorithm.adv_estimator=remax",)
     a = run(workspace, "remax1", *remax)
-    b = run(workspace, "remax3", *remax, "reward.in_flight_chunks=3")
+    b = run(workspace, "remax3", *remax, "reward.overlap.chunks=3")
     assert_same_run(*a, *b)
     assert torch.equal(a[0].last_batch["reward_baselines"], b[0].last_batch["reward_baselines"])
     dapo = ("algorithm.filter_groups.enable=true", "algorithm.filter_groups.max_num_gen_batches=2")
     a = run(workspace, "dapo1", *dapo)
-    b = run(workspace, "dapo4", *dapo, "reward.in_flight_chunks=4")
+    b = run(workspace, "dapo4", *dapo, "reward.overlap.chunks=4")
     assert_same_run(*a, *b)
     assert a[1][0]["filter_groups/gen_batches"] == b[1][0]["filter_groups/gen_batches"]
 
 
 def test_a_failing_reward_stops_the_run_as_before_and_leaves_no_thread(workspace):
     broken = f"reward.custom_reward_function.path={workspace / 'broken.py'}"
-    for extra in ([], ["reward.in_flight_chunks=2"], ["reward.launch_async=true"]):
+    for extra in ([], ["reward.overlap.chunks=2"], ["reward.overlap.log_probs=true"]):
         trainer = trainer_for(workspace, "broken", broken, *extra)
         try:
             with pytest.raises(RewardError, match="judge unreachable"):
@@ -183,7 +183,7 @@ def test_a_failing_reward_stops_the_run_as_before_and_leaves_no_thread(workspace
         time.sleep(0.05)
 
 
-# ------------------------------------------------------------------ in_flight_rows
+# ------------------------------------------------------------------ overlap.rows
 
 STOPS = ('rollout.stop=["a","e","1"]', "data.max_response_length=12")  # rows stop at 4, 11, 12
 
@@ -220,7 +220,7 @@ def test_the_static_decode_reports_its_rows_per_micro_batch_with_the_same_scores
     static = (*STOPS, "rollout.hf.decode=static")
     whole = run(workspace, "static-whole", *static)
     sizes: list[int] = []
-    rows = run(workspace, "static-rows", *static, "reward.in_flight_rows=true",
+    rows = run(workspace, "static-rows", *static, "reward.overlap.rows=true",
                reward=lambda batch: sizes.append(len(batch)))  # fmt: skip
     assert sizes == [16, 16]  # one micro-batch a call: reported when it ends
     assert_same_run(*whole, *rows)
@@ -229,12 +229,12 @@ def test_the_static_decode_reports_its_rows_per_micro_batch_with_the_same_scores
 def test_rows_scored_as_they_stop_give_the_batch_scored_at_once(workspace):
     whole = run(workspace, "rows-whole", *STOPS)
     sizes: list[int] = []
-    rows = run(workspace, "rows", *STOPS, "reward.in_flight_rows=true",
+    rows = run(workspace, "rows", *STOPS, "reward.overlap.rows=true",
                reward=lambda batch: sizes.append(len(batch)))  # fmt: skip
     assert sum(sizes) == 32 and len(sizes) > 2  # 2 steps of 16 rows, in several calls
     assert_same_run(*whole, *rows)
-    both = run(workspace, "rows-chunks", *STOPS, "reward.in_flight_rows=true",
-               "reward.in_flight_chunks=2", "reward.launch_async=true")  # fmt: skip
+    both = run(workspace, "rows-chunks", *STOPS, "reward.overlap.rows=true",
+               "reward.overlap.chunks=2", "reward.overlap.log_probs=true")  # fmt: skip
     assert_same_run(*whole, *both)
 
 
@@ -244,7 +244,7 @@ def test_rows_scored_as_they_stop_give_the_batch_scored_at_once(workspace):
 def test_rows_stream_through_a_bf16_copy_and_under_autocast(workspace, engine):
     sizes: list[int] = []
     run_name = "rows-" + engine.split(".")[0]
-    trainer = trainer_for(workspace, run_name, *STOPS, engine, "reward.in_flight_rows=true",
+    trainer = trainer_for(workspace, run_name, *STOPS, engine, "reward.overlap.rows=true",
                           "trainer.total_training_steps=1",
                           reward=lambda batch: sizes.append(len(batch)))  # fmt: skip
     try:
@@ -293,7 +293,7 @@ def test_an_agent_row_is_reported_when_its_last_turn_ends_and_scores_the_same(
 
     sizes: list[int] = []
     plain = agent_run("agent-plain")
-    rows = agent_run("agent-rows", "reward.in_flight_rows=true",
+    rows = agent_run("agent-rows", "reward.overlap.rows=true",
                      reward=lambda batch: sizes.append(len(batch)))  # fmt: skip
     assert sum(sizes) == 8 and len(sizes) > 1
     assert_same_run(*plain, *rows)
@@ -320,7 +320,7 @@ def test_a_row_is_scored_while_the_others_decode(workspace):
                 time.sleep(0.001)
             overlapped.append(forwards[0] > seen)
 
-    run(workspace, "rows-overlap", *STOPS, "reward.in_flight_rows=true",
+    run(workspace, "rows-overlap", *STOPS, "reward.overlap.rows=true",
         "trainer.total_training_steps=1", reward=waiting, engine=counting)  # fmt: skip
     assert overlapped == [True]
 
@@ -341,7 +341,7 @@ def test_launch_async_scores_while_the_reference_log_probs_run(workspace):
         if name == "ref":
             ref_started.set()
 
-    later, later_m = run(workspace, "late", *kl, "reward.launch_async=true",
+    later, later_m = run(workspace, "late", *kl, "reward.overlap.log_probs=true",
                          reward=waiting, on_stage=on_stage)  # fmt: skip
     assert seen == [True, True]
     now, now_m = run(workspace, "now", *kl)
@@ -354,13 +354,13 @@ def test_launch_async_scores_while_the_reference_log_probs_run(workspace):
 
 
 def test_bad_keys_are_one_line_and_verls_key_translates(workspace):
-    with pytest.raises(ConfigError, match=r"reward\.in_flight_chunks.*>= 1"):
-        load_config(None, args(workspace, "bad", "reward.in_flight_chunks=0"))
-    with pytest.raises(ConfigError, match=r"reward\.in_flight_rows=True needs reward\.manager"):
-        load_config(None, args(workspace, "bad", "reward.in_flight_rows=true",
+    with pytest.raises(ConfigError, match=r"reward\.overlap\.chunks=0 must be >= 1"):
+        load_config(None, args(workspace, "bad", "reward.overlap.chunks=0"))
+    with pytest.raises(ConfigError, match=r"reward\.overlap\.rows=True needs reward\.manager"):
+        load_config(None, args(workspace, "bad", "reward.overlap.rows=true",
                                "reward.manager=batch"))  # fmt: skip
     cfg = load_config(None, args(workspace, "verl", "reward_model.launch_reward_fn_async=true"))
-    assert cfg.reward.launch_async is True
+    assert cfg.reward.overlap["log_probs"] is True
 
 
 def test_merged_results_pad_the_narrower_blocks_and_fill_missing_extras():

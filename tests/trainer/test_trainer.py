@@ -166,7 +166,7 @@ def test_recipe_trains_every_parameter_with_finite_metrics(workspace, recipe):
         assert "actor/kl_loss" in last
     if cfg.rollout.log_prob_mode == "rollout_correction":
         assert "rollout_corr/is_eff_sample_size" in last
-    if cfg.algorithm.filter_groups.enable:
+    if cfg.algorithm.filter_groups["enable"]:
         assert last["filter_groups/gen_batches"] >= 1
         assert "reward/overlong_penalty/mean" in last
 

@@ -72,7 +72,7 @@ def actor_config(**overrides) -> ActorConfig:
     cfg = ActorConfig(
         ppo_mini_batch_size=GROUPS,
         optim=OptimConfig(lr=1e-3, weight_decay=0.0),
-        policy_loss=PolicyLossConfig(**loss),
+        policy_loss=dataclasses.asdict(PolicyLossConfig(**loss)),
     )
     return dataclasses.replace(cfg, **overrides)
 

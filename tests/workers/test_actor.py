@@ -10,7 +10,7 @@ from tests.host_reads import HostReads
 
 from lmrl.algos import agg_loss, policy_losses
 from lmrl.algos.losses import loss_hyperparameters
-from lmrl.config import ActorConfig, OptimConfig, PolicyLossConfig
+from lmrl.config import ActorConfig, OptimConfig
 from lmrl.models import Reference, apply_lora, build_reference, freeze, load_causal_lm
 from lmrl.models.tiny import build_tiny_model
 from lmrl.workers import actor as actor_module
@@ -253,7 +253,7 @@ def test_a_hyperparameter_the_config_lacks_is_named(monkeypatch, actor_factory, 
 
 
 def test_policy_loss_kwargs_of_reinforce_is_empty():
-    cfg = ActorConfig(policy_loss=PolicyLossConfig(loss_mode="reinforce"))
+    cfg = ActorConfig(policy_loss={"loss_mode": "reinforce"})
     assert policy_loss_kwargs(cfg) == {}
 
 

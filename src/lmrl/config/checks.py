@@ -89,7 +89,7 @@ def check_registries(c: Config, f: Findings) -> None:
     adv = _registry("lmrl.algos.advantages", "advantage_estimators")
     f.name("algorithm.adv_estimator", c.algorithm.adv_estimator, adv)
     losses = _registry("lmrl.algos.losses", "policy_losses")
-    f.name("actor.policy_loss.loss_mode", c.actor.policy_loss.loss_mode, losses)
+    f.name("actor.policy_loss.loss_mode", c.actor.policy_loss["loss_mode"], losses)
     kl = _registry("lmrl.algos.kl", "kl_estimators")
     f.name("algorithm.kl_penalty", c.algorithm.kl_penalty, kl)
     f.name("actor.kl_loss_type", c.actor.kl_loss_type, kl)
@@ -107,10 +107,10 @@ def check_registries(c: Config, f: Findings) -> None:
     for key in ("actor.loss_agg_mode", "critic.loss_agg_mode"):
         if key not in f.derived:
             f.choice(key, _get(c, key), modes, "a loss aggregation mode", valid="modes")
-    if c.algorithm.filter_groups.enable and not c.reward.custom_reward_function.path:
+    if c.algorithm.filter_groups["enable"] and not c.reward.custom_reward_function.path:
         f.choice(
             "algorithm.filter_groups.metric",
-            c.algorithm.filter_groups.metric,
+            c.algorithm.filter_groups["metric"],
             filter_metrics(c),
             "a per-sample value of the built-in scorers",
             "a custom reward function's own extras may be named once "
@@ -142,7 +142,7 @@ def filter_metrics(c: Config) -> tuple[str, ...]:
         names += builtin.SCORER_EXTRAS
     if c.reward_model.enable:
         names += builtin.REWARD_MODEL_EXTRAS
-    if c.reward.overlong_buffer.enable:
+    if c.reward.overlong_buffer["enable"]:
         names += builtin.OVERLONG_EXTRAS
     return names
 
@@ -162,7 +162,7 @@ def check_ranges(c: Config, f: Findings) -> None:
         "critic.ppo_epochs",
         "trainer.total_epochs",
         "resources.nnodes",
-        "reward.in_flight_chunks",
+        "reward.overlap.chunks",
     ]
     ge1_or_null = [
         "data.val_batch_size",
@@ -195,7 +195,7 @@ def check_ranges(c: Config, f: Findings) -> None:
     if c.model.lora_rank > 0:
         f.check("model.lora_alpha", lambda x: x > 0, "must be > 0 when LoRA is on")
     if c.reward.manager == "batch":  # its function would see whatever rows stopped together
-        f.check("reward.in_flight_rows", lambda x: not x, "needs reward.manager=naive or dapo")
+        f.check("reward.overlap.rows", lambda x: not x, "needs reward.manager=naive or dapo")
 
     f.check(
         "actor.clip_ratio_c",
@@ -238,11 +238,12 @@ def check_ranges(c: Config, f: Findings) -> None:
             )
     f.check("rollout.stop", lambda x: all(s for s in x), "must not contain empty strings")
     f.check("reward.timeout_s", lambda x: x > 0, "must be > 0 (seconds)")
-    f.check("trainer.max_rollbacks", lambda x: x >= 1, "must be >= 1")
+    f.check("trainer.max_rollbacks", lambda x: x >= 0, "must be >= 0 (0 = no rollback)")
     f.check("trainer.rollback_lr_factor", lambda x: 0 < x < 1, "must be in (0, 1), e.g. 0.1")
-    if c.trainer.rollback and (not c.data.val_files or c.trainer.test_freq <= 0):
-        f.errors.append("trainer.rollback=true needs validation to find the best checkpoint: "
-                        "set data.val_files and trainer.test_freq > 0")  # fmt: skip
+    if c.trainer.max_rollbacks > 0 and (not c.data.val_files or c.trainer.test_freq <= 0):
+        f.errors.append(f"trainer.max_rollbacks={c.trainer.max_rollbacks} (the rollback) needs "
+                        "validation to find the best checkpoint: set data.val_files and "
+                        "trainer.test_freq > 0")  # fmt: skip
     for key, ok, message in RUN_CHECKS:
         f.check(key, ok, message)
     f.check("algorithm.filter_groups.metric", lambda x: x != "", "must name a per-sample metric")
@@ -309,13 +310,13 @@ def _batches(c: Config, f: Findings, section: str, b: int, n: int, workers: int)
 def check_rollout(c: Config, f: Findings) -> None:
     """Multi-turn tools, rollout correction, and what ``rollout.name=vllm`` needs."""
     _multi_turn(c, f)
-    corr = c.rollout.correction
-    if corr.threshold <= 0:
-        f.errors.append(f"rollout.correction.threshold={corr.threshold} must be > 0")
-    elif corr.threshold_lower is not None and not 0 <= corr.threshold_lower <= corr.threshold:
+    upper, lower = c.rollout.correction["threshold"], c.rollout.correction["threshold_lower"]
+    if upper <= 0:
+        f.errors.append(f"rollout.correction.threshold={upper} must be > 0")
+    elif lower is not None and not 0 <= lower <= upper:
         f.errors.append(
-            f"rollout.correction.threshold_lower={corr.threshold_lower} must be in "
-            f"[0, rollout.correction.threshold={corr.threshold}] (or null = 1/threshold)"
+            f"rollout.correction.threshold_lower={lower} must be in "
+            f"[0, rollout.correction.threshold={upper}] (or null = 1/threshold)"
         )
     if c.rollout.name == "vllm":
         _vllm(c, f)
@@ -424,21 +425,21 @@ def check_reward(c: Config, f: Findings) -> None:
             "classification model with num_labels=1>"
         )
     ob = c.reward.overlong_buffer
-    if ob.enable:
+    if ob["enable"]:
         if c.reward.manager != "dapo":
             f.errors.append(
                 f"reward.overlong_buffer.enable=true needs reward.manager=dapo (got "
                 f"{c.reward.manager!r}); set reward.manager=dapo"
             )
-        if not 0 < ob.len <= c.data.max_response_length:
+        if not 0 < ob["len"] <= c.data.max_response_length:
             f.errors.append(
-                f"reward.overlong_buffer.len={ob.len} must be in [1, "
+                f"reward.overlong_buffer.len={ob['len']} must be in [1, "
                 f"data.max_response_length={c.data.max_response_length}] when the overlong "
                 "penalty is on"
             )
-        if ob.penalty_factor < 0:
+        if ob["penalty_factor"] < 0:
             f.errors.append(
-                f"reward.overlong_buffer.penalty_factor={ob.penalty_factor} must be >= 0"
+                f"reward.overlong_buffer.penalty_factor={ob['penalty_factor']} must be >= 0"
             )
     _scorer_options(c, f)
 
@@ -483,15 +484,15 @@ def check_algorithm(c: Config, f: Findings) -> None:
             "score becomes the advantage); set rollout.n >= 2 (e.g. rollout.n=8), or use "
             "reinforce_plus_plus / remax / gae for one response per prompt"
         )
-    if c.algorithm.filter_groups.enable and c.rollout.n == 1:
+    if c.algorithm.filter_groups["enable"] and c.rollout.n == 1:
         f.errors.append(
             "algorithm.filter_groups.enable=true with rollout.n=1: every group has one "
             "response and zero spread, so every group would be dropped; set rollout.n >= 2"
         )
     kl_ctrl = c.algorithm.kl_ctrl
-    if kl_ctrl.type == "adaptive":
+    if kl_ctrl["type"] == "adaptive":
         for name in ("target_kl", "horizon"):
-            value = getattr(kl_ctrl, name)
+            value = kl_ctrl[name]
             if value is None or value <= 0:
                 f.errors.append(
                     f"algorithm.kl_ctrl.type=adaptive needs algorithm.kl_ctrl.{name} > 0, "

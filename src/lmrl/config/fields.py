@@ -72,9 +72,10 @@ def leaf_paths(root: type = Config) -> list[str]:
 
 
 def get_path(cfg: Any, path: str) -> Any:
-    """The value at a dotted path of a config (``get_path(cfg, "actor.optim.lr")``)."""
+    """The value at a dotted path of a config (``get_path(cfg, "actor.optim.lr")``), through
+    the options of a key declared with ``options`` too (``"reward.overlap.chunks"``)."""
     for seg in path.split("."):
-        cfg = getattr(cfg, seg)
+        cfg = cfg[seg] if isinstance(cfg, Mapping) else getattr(cfg, seg)
     return cfg
 
 

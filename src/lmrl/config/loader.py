@@ -475,6 +475,9 @@ def _build(
                 value = coerce(given, spec[path].type, raw)
             except Mismatch as err:
                 hint = f"; {err.hint}" if err.hint else ""
+                if spec[path].items is not None:  # reward.overlap=rows: name its options
+                    names = ", ".join(get_type_hints(spec[path].items))
+                    hint += f"; its options are {names} (set one as {path}.NAME=...)"
                 errors.append(
                     f"{entry.key}{mapped}: expected {err.expected}, got {tr.value!r}{hint}{where}"
                 )

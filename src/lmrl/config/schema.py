@@ -3,7 +3,8 @@
 One section per stage of the training step: ``data``, ``model``, ``rollout``, ``reward``,
 ``algorithm``, ``actor``, ``critic``, ``ref``, ``trainer``, and ``resources`` for placement.
 The sections of the update (``algorithm``, ``actor``, ``critic``, ``ref``) are declared in
-``lmrl.config.update`` and the run keys every command shares in ``lmrl.config.run``
+``lmrl.config.update``, those of the scoring (``reward``, ``reward_model``) in
+``lmrl.config.reward``, and the run keys every command shares in ``lmrl.config.run``
 (``RunSettings``, which ``TrainerConfig`` extends); this module re-exports them.
 Every field is declared with ``opt(default, help)``, so its help text sits next to it and
 ``lmrl train --help`` reads it from here (``field.metadata["help"]``); a section's
@@ -25,6 +26,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lmrl.config.async_training import AsyncTrainingConfig
+from lmrl.config.reward import (
+    CustomRewardFunctionConfig,
+    OverlongBufferConfig,
+    RewardConfig,
+    RewardModelConfig,
+    RewardModelModelConfig,
+    ScoringOverlap,
+)
 from lmrl.config.run import RunSettings, opt, options
 from lmrl.config.update import (
     ActorConfig,
@@ -166,7 +175,8 @@ class ValKwargsConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    """Importance weights pi_old / pi_rollout, used when rollout.log_prob_mode=rollout_correction."""
+    """The options of ``rollout.correction``: importance weights pi_old / pi_rollout, used when
+    rollout.log_prob_mode=rollout_correction."""
 
     level: Literal["token", "sequence", "geometric"] = opt(
         "token",
@@ -329,8 +339,10 @@ class RolloutConfig:
         "(rollout.correction); null = decoupled, or bypass for an async run "
         "(async_training).",
     )
-    correction: RolloutCorrectionConfig = opt(
-        RolloutCorrectionConfig(), "Rollout-correction settings."
+    correction: dict[str, Any] = options(
+        RolloutCorrectionConfig,
+        "The importance weights of log_prob_mode=rollout_correction; set one as "
+        "rollout.correction.NAME.",
     )
     val_kwargs: ValKwargsConfig = opt(ValKwargsConfig(), "Sampling for validation.")
     vllm: dict[str, Any] = options(
@@ -340,119 +352,6 @@ class RolloutConfig:
         HFOptions, "The hf engine's settings (rollout.name=hf); set one as rollout.hf.NAME."
     )
     multi_turn: MultiTurnConfig = opt(MultiTurnConfig(), "Multi-turn rollouts with tools.")
-
-
-# ------------------------------------------------------------------------------------------
-# reward
-# ------------------------------------------------------------------------------------------
-
-
-@dataclass
-class CustomRewardFunctionConfig:
-    """A user score function loaded from a Python file."""
-
-    path: str | None = opt(
-        None, "Python file defining the score function; null = the built-in scorers."
-    )
-    name: str = opt("compute_score", "Name of the function in that file.")
-    reward_kwargs: dict[str, Any] = opt({}, "Extra keyword arguments passed to the function.")
-
-
-@dataclass
-class OverlongBufferConfig:
-    """DAPO's soft overlong penalty (reward.manager=dapo)."""
-
-    enable: bool = opt(False, "Penalize responses that run into the last `len` tokens.")
-    len: int = opt(
-        0,
-        "Buffer length in tokens: the penalty grows linearly from 0 at "
-        "max_response_length - len to penalty_factor at max_response_length.",
-    )
-    penalty_factor: float = opt(1.0, "Largest penalty subtracted from the score.")
-
-
-@dataclass
-class RewardConfig:
-    """Scoring: the reward manager, a custom score function, parallelism."""
-
-    manager: Literal["naive", "batch", "dapo"] = opt(
-        "naive",
-        "naive scores one sample at a time; batch calls the score function once per batch; "
-        "dapo adds the overlong penalty.",
-    )
-    custom_reward_function: CustomRewardFunctionConfig = opt(
-        CustomRewardFunctionConfig(), "User score function."
-    )
-    num_workers: int = opt(
-        1,
-        "Worker processes scoring in parallel, with a per-sample timeout; 0 = in-process "
-        "(cheapest, but a hanging reward function hangs training).",
-    )
-    timeout_s: float = opt(10.0, "Seconds one sample's scoring may take before it scores 0.")
-    in_flight_chunks: int = opt(
-        1,
-        "Generate a step's prompts in this many calls (whole groups) and score each call's "
-        "samples while the next generates (docs/async.md); same samples. 1 = one call.",
-    )
-    in_flight_rows: bool = opt(
-        False,
-        "Score each sample the moment it stops, while the other rows go on (the hf engine, "
-        "the agent loop; vLLM, Ray: per call). Per-sample managers only (naive, dapo).",
-    )
-    launch_async: bool = opt(
-        False,
-        "Also overlap the scoring with the old and reference log-probs and values: only the "
-        "advantages wait for it (verl's launch_reward_fn_async).",
-    )
-    max_error_fraction: float = opt(
-        0.9,
-        "Stop the run when the first step's scoring fails (raises, times out, returns no "
-        "number) on at least this fraction of samples, quoting the first error; later steps "
-        "only warn. > 1 = never stop.",
-    )
-    overlong_buffer: OverlongBufferConfig = opt(OverlongBufferConfig(), "DAPO overlong penalty.")
-    scorer_options: dict[str, dict[str, Any]] = opt(
-        {},
-        "Options of the built-in scorers per data_source, e.g. {digits: {binary: true}} "
-        "(exact match instead of partial credit) or {gsm8k: {method: flexible}}.",
-    )
-
-
-@dataclass
-class RewardModelModelConfig:
-    """The reward model's weights: a sequence-classification model with one label."""
-
-    path: str | None = opt(
-        None, "Directory of an AutoModelForSequenceClassification with num_labels=1."
-    )
-    input_tokenizer: str | None = opt(
-        None,
-        "The policy's tokenizer when it differs from the reward model's: responses are decoded "
-        "and re-tokenized with the reward model's own tokenizer (and its chat template); "
-        "null = the reward model reads the policy's token ids as they are.",
-    )
-    trust_remote_code: bool = opt(False, "Allow the reward model's own modelling code.")
-
-
-@dataclass
-class RewardModelConfig:
-    """A learned reward: a sequence-classification model's score of each (prompt, response)."""
-
-    enable: bool = opt(False, "Score responses with a reward model (reward_model.model.path).")
-    model: RewardModelModelConfig = opt(RewardModelModelConfig(), "The reward model.")
-    micro_batch_size: int | None = opt(
-        None, "Sequences per reward-model forward pass; null = all at once."
-    )
-    max_length: int | None = opt(
-        None, "Truncate longer (prompt + response) inputs from the left; null = no limit."
-    )
-    coef: float = opt(1.0, "Weight of the reward model's score in the reward.")
-    rule_reward: bool = opt(
-        True,
-        "true = the score functions' reward plus coef * the model's score; false = the "
-        "model's score alone (verl's behaviour with a reward model; data sources need no "
-        "scorer).",
-    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -476,14 +375,14 @@ class TrainerConfig(RunSettings):
         "warn with the cause: tokenization, stale weights, dtype or micro-batch shape "
         "(docs/metrics.md); 0 or null = off. bf16 engines usually sit below 0.05.",
     )
-    rollback: bool = opt(
-        False,
+    max_rollbacks: int = opt(
+        0,
         "Run doctor: when the policy collapses (entropy under a floor while validation falls "
         "from its best), go back to the best validated checkpoint (each new best is saved) "
-        "and on at actor.optim.lr x rollback_lr_factor; the abandoned checkpoints move to "
-        "RUN_DIR/rolled_back/. Needs data.val_files and trainer.test_freq > 0.",
+        "and on at actor.optim.lr x rollback_lr_factor, at most this many times over the run; "
+        "the abandoned checkpoints move to RUN_DIR/rolled_back/. 0 = off; > 0 needs "
+        "data.val_files and trainer.test_freq > 0.",
     )
-    max_rollbacks: int = opt(2, "Rollbacks at most over the run (trainer.rollback).")
     rollback_lr_factor: float = opt(
         0.1, "What each rollback multiplies the actor's learning rate by, in (0, 1)."
     )
@@ -590,6 +489,7 @@ __all__ = [
     "RolloutConfig",
     "RolloutCorrectionConfig",
     "RunSettings",
+    "ScoringOverlap",
     "TrainerConfig",
     "VLLMOptions",
     "ValKwargsConfig",

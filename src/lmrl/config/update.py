@@ -13,9 +13,9 @@ verl's defaults, ``null = X``) are stated there.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from lmrl.config.run import opt
+from lmrl.config.run import opt, options
 
 # ------------------------------------------------------------------------------------------
 # algorithm
@@ -24,7 +24,8 @@ from lmrl.config.run import opt
 
 @dataclass
 class KLControlConfig:
-    """The coefficient of the KL penalty in the reward (algorithm.use_kl_in_reward)."""
+    """The options of ``algorithm.kl_ctrl``: the coefficient of the KL penalty in the reward
+    (algorithm.use_kl_in_reward)."""
 
     type: Literal["fixed", "adaptive"] = opt(
         "fixed", "fixed keeps kl_coef; adaptive steers the observed KL towards target_kl."
@@ -38,7 +39,8 @@ class KLControlConfig:
 
 @dataclass
 class FilterGroupsConfig:
-    """DAPO dynamic sampling: drop groups whose responses all score the same."""
+    """The options of ``algorithm.filter_groups``: DAPO dynamic sampling, which drops groups
+    whose responses all score the same."""
 
     enable: bool = opt(False, "Drop zero-spread groups and generate more until the batch is full.")
     metric: str = opt(
@@ -71,8 +73,12 @@ class AlgorithmConfig:
     kl_penalty: str = opt(
         "kl", "KL estimator for the reward penalty: kl (k1), abs, mse (k2), low_var_kl (k3)."
     )
-    kl_ctrl: KLControlConfig = opt(KLControlConfig(), "KL coefficient controller.")
-    filter_groups: FilterGroupsConfig = opt(FilterGroupsConfig(), "DAPO dynamic sampling.")
+    kl_ctrl: dict[str, Any] = options(
+        KLControlConfig, "KL coefficient controller; set one as algorithm.kl_ctrl.NAME."
+    )
+    filter_groups: dict[str, Any] = options(
+        FilterGroupsConfig, "DAPO dynamic sampling; set one as algorithm.filter_groups.NAME."
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -101,7 +107,8 @@ class OptimConfig:
 
 @dataclass
 class PolicyLossConfig:
-    """Which policy loss, and its own hyperparameters."""
+    """The options of ``actor.policy_loss``: which policy loss, and its own hyperparameters
+    (each loss reads the ones its signature names)."""
 
     loss_mode: str = opt(
         "vanilla",
@@ -164,7 +171,10 @@ class ActorConfig:
         "How token losses become one number: token-mean, token-sum, seq-mean-token-sum, "
         "seq-mean-token-mean, seq-mean-token-sum-norm (Dr.GRPO).",
     )
-    policy_loss: PolicyLossConfig = opt(PolicyLossConfig(), "Policy loss selection.")
+    policy_loss: dict[str, Any] = options(
+        PolicyLossConfig,
+        "The policy loss (loss_mode) and its hyperparameters; set one as actor.policy_loss.NAME.",
+    )
     entropy_coeff: float = opt(0.0, "Weight of the entropy bonus (loss -= coeff * entropy).")
     use_kl_loss: bool = opt(False, "Add kl_loss_coef * KL(pi || pi_ref) to the loss (GRPO-style).")
     kl_loss_coef: float = opt(0.001, "Weight of the KL loss.")

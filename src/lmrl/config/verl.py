@@ -21,7 +21,10 @@ true, ``multi_turn.enable`` true) is an error rather than a notice. Where lmrl f
 verl keys into one, each still maps onto it: the vLLM engine keys onto options of
 ``rollout.vllm``, the two FSDP offload flags onto ``actor.offload`` / ``critic.offload`` (each
 switching its own part, ``Rule.flag``), Search-R1's ``retriever.url`` onto ``retriever.source``
-(only a URL: ``Rule.accepts``).
+(only a URL: ``Rule.accepts``), verl's ``launch_reward_fn_async`` onto an option of
+``reward.overlap``. lmrl's own keys folded since keep translating the same way
+(``reward.in_flight_chunks`` -> ``reward.overlap.chunks``, the ``trainer.rollback`` switch onto
+``trainer.max_rollbacks``: ``Rule.count``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from lmrl.config.verl_table import (  # noqa: F401  (the table's names, re-expor
     TRAIN,
     VERL_RULES,
     Rule,
+    _count_switch,
     _switch,
 )
 
@@ -161,10 +165,14 @@ def translate(key: str, value: Any, target: str = TRAIN) -> Translation:
             return Translation(
                 key, rule.ours, value, update=functools.partial(_set_item, rule.index, value)
             )
-        if rule.flag is not None:
+        if rule.flag is not None or rule.count is not None:
             if not isinstance(value, bool):
                 return Translation(key, None, error=f"{key}: expected true or false, got {value!r}")
-            update = functools.partial(_switch, rule.flag, value)
+            update = (
+                functools.partial(_switch, rule.flag, value)
+                if rule.flag is not None
+                else functools.partial(_count_switch, rule.count, value)
+            )
             return Translation(key, rule.ours, value, update=update)
         also = also or rule.also
         new = _rewrite(rule, path)

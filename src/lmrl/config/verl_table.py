@@ -46,6 +46,9 @@ class Rule:
         index: for a key that is one item of a list of ours (Flow-GRPO's ``train.adam_beta1``
             -> ``actor.optim.betas[0]``): the item it sets.
         also: more paths of ours that take the value unless the config sets them itself.
+        count: for an on/off switch folded into a count of ours (``trainer.rollback`` ->
+            ``trainer.max_rollbacks``, 0 = off): true sets the count to ``count`` unless it
+            is already above 0, false sets it to 0.
     """
 
     verl: str
@@ -60,6 +63,7 @@ class Rule:
     values: tuple[tuple[Any, Any], ...] = ()
     index: int | None = None
     also: tuple[str, ...] = ()
+    count: int | None = None
 
 
 #: ``actor.offload`` / ``critic.offload``: each value and verl's FSDP flags it stands for
@@ -75,6 +79,11 @@ def _switch(flag: str, on: bool, current: str) -> str:
     """``current`` (an ``OFFLOAD_FLAGS`` name) with ``flag`` switched on or off."""
     flags = OFFLOAD_FLAGS[current] | {flag} if on else OFFLOAD_FLAGS[current] - {flag}
     return next(name for name, f in OFFLOAD_FLAGS.items() if f == flags)
+
+
+def _count_switch(count: int, on: bool, current: int) -> int:
+    """``current`` (a count, 0 = off) switched on (to ``count`` unless already on) or off."""
+    return (current if current > 0 else count) if on else 0
 
 
 def _server(value: Any) -> str | None:
@@ -384,7 +393,12 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("reward_model.forward_max_token_len_per_gpu", None, _BSZ),
     Rule("reward_model.ulysses_sequence_parallel_size", None, _SP),
     Rule("reward_model.profiler.*", None, _PROF),
-    Rule("reward_model.launch_reward_fn_async", "reward.launch_async"),
+    Rule("reward_model.launch_reward_fn_async", "reward.overlap.log_probs"),
+    # ---- lmrl's own keys folded into one: the scoring overlaps, the rollback switch
+    Rule("reward.launch_async", "reward.overlap.log_probs"),
+    Rule("reward.in_flight_rows", "reward.overlap.rows"),
+    Rule("reward.in_flight_chunks", "reward.overlap.chunks"),
+    Rule("trainer.rollback", "trainer.max_rollbacks", count=2),
     Rule(
         "reward_model.sandbox_fusion.url",
         None,

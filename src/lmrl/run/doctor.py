@@ -1,8 +1,8 @@
-"""The run doctor's rollback (``trainer.rollback``): a collapsed run goes back to its best
+"""The run doctor's rollback (``trainer.max_rollbacks``): a collapsed run goes back to its best
 validated checkpoint and on at a lower learning rate.
 
-The health checks (`lmrl.run.health`) only say what they see. With ``trainer.rollback``
-the run acts on one of them, the collapse (the policy's entropy under a floor while validation
+The health checks (`lmrl.run.health`) only say what they see. With ``trainer.max_rollbacks``
+> 0 the run acts on one of them, the collapse (the policy's entropy under a floor while validation
 falls from its best), because that one has a known good state to return to and a known change:
 
 1. **Keep the best.** Every validation that beats the best so far is saved as a checkpoint

@@ -12,7 +12,7 @@ collapses (its entropy under a floor while validation falls from its best), or t
 climbs while the responses run to the length limit (the common reward hack). `RunHealth`
 watches the RL metrics step by step and `SFTHealth` the SFT loss; each returns the warnings
 that became true at this step, and never the same one twice. A collapse also sets
-``RunHealth.collapse``, which the run doctor (`lmrl.run.doctor`, ``trainer.rollback``)
+``RunHealth.collapse``, which the run doctor (`lmrl.run.doctor`, ``trainer.max_rollbacks``)
 acts on; after a rollback, `RunHealth.rewind` forgets the abandoned steps.
 
 The thresholds are deliberately loose: a warning is a hint to look at the plot
@@ -160,7 +160,7 @@ class RunHealth:
             f"the policy collapsed: its entropy is {entropy:.3f} nats (from "
             f"{self.first_entropy:.2f}) while validation fell from {best:.3f} (step "
             f"{best_step}) to {now:.3f} (step {step}). Try a lower actor.optim.lr, a KL term "
-            "(actor.use_kl_loss=true), or trainer.rollback=true, which rolls back to the best "
+            "(actor.use_kl_loss=true), or trainer.max_rollbacks=2, which rolls back to the best "
             "validated checkpoint and goes on at a lower lr",
         )
 

@@ -22,8 +22,8 @@ hold the same for all of them:
 - **early stop**: ``on_step_end(step, metrics) -> stop`` after each step (it may add metrics,
   which are then logged); a run it stops is validated, checkpointed and exported like a run
   that reached its last step;
-- **rollback** (``trainer.rollback``, RL): each new best validation is saved, and a collapse
-  the health checks see sends the run back to it at a lower lr (`lmrl.run.doctor`).
+- **rollback** (``trainer.max_rollbacks`` > 0, RL): each new best validation is saved, and a
+  collapse the health checks see sends the run back to it at a lower lr (`lmrl.run.doctor`).
 
 A run that ends (its last step, or an early stop) writes ``run_dir/final`` (`Program.export`).
 """
@@ -176,7 +176,7 @@ class RunLoop:
         self.doctor = (
             Doctor(self.run_dir, settings.max_rollbacks, settings.rollback_lr_factor,
                    resumed=program.start.resume_from is not None)
-            if getattr(settings, "rollback", False) else None
+            if getattr(settings, "max_rollbacks", 0) > 0 else None
         )  # fmt: skip
 
     @property

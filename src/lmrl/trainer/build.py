@@ -68,10 +68,10 @@ class StepPlan:
         critic_warmup: steps that update only the critic.
         seed: the run's seed.
         reward_chunks: generation calls per step, each scored as it finishes
-            (``reward.in_flight_chunks``).
-        reward_rows: each sample scored as it stops (``reward.in_flight_rows``).
+            (``reward.overlap.chunks``).
+        reward_rows: each sample scored as it stops (``reward.overlap.rows``).
         reward_deferred: the scores are awaited only by the advantages
-            (``reward.launch_async``).
+            (``reward.overlap.log_probs``).
     """
 
     n: int
@@ -153,7 +153,7 @@ class StepPlan:
             val_n=vk.n,
             val_batch_size=cfg.data.val_batch_size,
             log_prob_mode=r.log_prob_mode,
-            correction=r.correction,
+            correction=RolloutCorrectionConfig(**r.correction),
             estimator=functools.partial(
                 advantage_estimators.get(a.adv_estimator),
                 gamma=a.gamma,
@@ -162,13 +162,13 @@ class StepPlan:
             ),
             estimator_needs=frozenset(advantage_estimators.needs(a.adv_estimator)),
             kl_penalty=a.kl_penalty,
-            filter_groups=a.filter_groups,
+            filter_groups=FilterGroupsConfig(**a.filter_groups),
             update_rows=cfg.actor.ppo_mini_batch_size * r.n if single_pass else 0,
             critic_warmup=cfg.trainer.critic_warmup,
             seed=cfg.trainer.seed,
-            reward_chunks=cfg.reward.in_flight_chunks,
-            reward_rows=cfg.reward.in_flight_rows,
-            reward_deferred=cfg.reward.launch_async,
+            reward_chunks=cfg.reward.overlap["chunks"],
+            reward_rows=cfg.reward.overlap["rows"],
+            reward_deferred=cfg.reward.overlap["log_probs"],
         )
 
 
@@ -269,7 +269,7 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
         fg = cfg.algorithm.filter_groups
         sampler = PromptSampler(
             len(train_data),
-            (cfg.data.gen_batch_size if fg.enable else None) or cfg.data.train_batch_size,
+            (cfg.data.gen_batch_size if fg["enable"] else None) or cfg.data.train_batch_size,
             seed=cfg.data.seed,
             shuffle=cfg.data.shuffle,
         )
@@ -293,7 +293,7 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
                 reward.check_dataset(data)
         kl = cfg.algorithm.kl_ctrl
         kl_ctrl = (
-            make_kl_controller(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+            make_kl_controller(kl["type"], kl["kl_coef"], kl["target_kl"], kl["horizon"])
             if train and cfg.algorithm.use_kl_in_reward
             else None
         )

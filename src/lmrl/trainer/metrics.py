@@ -107,7 +107,7 @@ METRICS: dict[str, str] = {
     "perf/memory_probe_s": "seconds of the memory probe before the first step (logged with "
     "the first step; trainer.memory_probe)",
     "perf/memory_probe_peak_gib": "the memory probe's torch.cuda.max_memory_allocated (GiB)",
-    "doctor/rollback": "the run doctor rolled back here (trainer.rollback): its number",
+    "doctor/rollback": "the run doctor rolled back here (trainer.max_rollbacks): its number",
     "doctor/rolled_back_from": "the step the rollback left (its checkpoints are in "
     "RUN_DIR/rolled_back/<n>/)",
     "doctor/lr_scale": "the actor's lr as a multiple of actor.optim.lr after the rollback",

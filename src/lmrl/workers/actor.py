@@ -20,7 +20,6 @@ the same class as an actor.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import defaultdict
 
 import torch
@@ -56,17 +55,13 @@ def policy_loss_kwargs(cfg) -> dict[str, float | None]:
         "clip_ratio_high": cfg.clip_ratio_high,
         "clip_ratio_c": cfg.clip_ratio_c,
         # a loss's own hyperparameters: every field of ``actor.policy_loss`` but the choice
-        **{
-            f.name: getattr(cfg.policy_loss, f.name)
-            for f in dataclasses.fields(cfg.policy_loss)
-            if f.name != "loss_mode"
-        },
+        **{k: v for k, v in cfg.policy_loss.items() if k != "loss_mode"},
     }
-    names = loss_hyperparameters(cfg.policy_loss.loss_mode)
+    names = loss_hyperparameters(cfg.policy_loss["loss_mode"])
     unknown = [n for n in names if n not in values]
     if unknown:
         raise ValueError(
-            f"policy loss {cfg.policy_loss.loss_mode!r} takes {unknown}, which the actor "
+            f"policy loss {cfg.policy_loss['loss_mode']!r} takes {unknown}, which the actor "
             f"config does not hold (it holds {sorted(values)})"
         )
     return {n: values[n] for n in names}
@@ -117,7 +112,7 @@ class ActorWorker(TrainableWorker):
         self.max_response_length = max_response_length
         self.temperature = temperature
         self.log_prob_micro_batch_size = log_prob_micro_batch_size
-        self.loss_fn = policy_losses.get(cfg.policy_loss.loss_mode)
+        self.loss_fn = policy_losses.get(cfg.policy_loss["loss_mode"])
         self.loss_kwargs = policy_loss_kwargs(cfg)
         self.full_kl = cfg.use_kl_loss and "logits" in kl_estimators.needs(cfg.kl_loss_type)
         if self.full_kl and reference is None:

@@ -124,7 +124,7 @@ def _rule_manager(cfg: Config, tokenizer):
     options = {}
     if r.manager == "dapo":
         options = {
-            "overlong_buffer": dataclasses.asdict(r.overlong_buffer),
+            "overlong_buffer": dict(r.overlong_buffer),
             "max_response_length": cfg.data.max_response_length,
         }
     return make_reward_manager(
