@@ -1,4 +1,5 @@
-"""Test-wide settings: never reach a model hub, keep caches in a temp dir, two threads."""
+"""Test-wide settings: never reach a model hub, keep caches in a temp dir, two threads, and
+every `Batch` key checked against its schema."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ if "HF_HOME" not in os.environ:  # a fresh cache dir, removed when the session e
     os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="lmrl-hf-home-")
     atexit.register(shutil.rmtree, os.environ["HF_HOME"], ignore_errors=True)
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("LMRL_STRICT_BATCH", "1")  # a Batch refuses keys lmrl.batch.schema lacks
 
 import subprocess
 import sys

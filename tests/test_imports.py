@@ -28,10 +28,10 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "lmrl"
 
 # The package table of ../shared/DESIGN.md, top to bottom: package -> the lmrl packages it may
 # import, either ``ABOVE`` (every package above it) or an explicit tuple (only these). ``batch``
-# is the module batch.py, ``cli`` the package cli/ (the parser and main; commands.py). Where the
-# code imports more than DESIGN.md's column names, the extra packages are listed apart
-# (``# beyond DESIGN.md``) with the reason: they are the honest imports of today's code, each a
-# candidate for the design or for a change.
+# is the package batch/ (the Batch and its key schema), ``cli`` the package cli/ (the parser
+# and main; commands.py). Where the code imports more than DESIGN.md's column names, the extra
+# packages are listed apart (``# beyond DESIGN.md``) with the reason: they are the honest
+# imports of today's code, each a candidate for the design or for a change.
 ABOVE = "everything above"
 TABLE: tuple[tuple[str, tuple[str, ...] | str], ...] = (
     ("algos", ()),

@@ -91,7 +91,7 @@ def scripted_parts(engine):
         filter_groups=SimpleNamespace(enable=False), n=2, train_batch_size=2, seed=0,
         sampling=Sampling(), estimator_needs=frozenset(),
     )  # fmt: skip
-    data = SimpleNamespace(get_batch=lambda idx: Batch(non_tensors={"i": list(idx)}))
+    data = SimpleNamespace(get_batch=lambda idx: Batch(non_tensors={"index": list(idx)}))
 
     def reward(batch):
         return SimpleNamespace(token_level_scores=torch.zeros(len(batch), 2), extras={},
@@ -141,15 +141,16 @@ def test_an_error_in_the_thread_reaches_the_trainer_and_the_thread_ends():
 
 def test_a_batch_in_flight_round_trips_through_a_checkpoint_file(tmp_path):
     batch = Batch(
-        {"responses": torch.arange(6).reshape(3, 2), "mask": torch.ones(3, 2, dtype=torch.bool)},
-        {"extra_info": [{"a": np.int64(1)}, {"b": [1, 2]}, {}], "gt": ["x", "y", "z"]},
+        {"responses": torch.arange(6).reshape(3, 2),
+         "response_mask": torch.ones(3, 2, dtype=torch.bool)},
+        {"extra_info": [{"a": np.int64(1)}, {"b": [1, 2]}, {}], "ground_truth": ["x", "y", "z"]},
         {"temperature": 1.0},
     )  # fmt: skip
     torch.save(batch_state(batch), tmp_path / "s.pt")
     back = batch_from_state(torch.load(tmp_path / "s.pt", weights_only=True))
     assert torch.equal(back["responses"], batch["responses"])
     assert list(back["extra_info"]) == [{"a": 1}, {"b": [1, 2]}, {}]
-    assert list(back["gt"]) == ["x", "y", "z"] and back.meta == {"temperature": 1.0}
+    assert list(back["ground_truth"]) == ["x", "y", "z"] and back.meta == {"temperature": 1.0}
 
 
 # ------------------------------------------------------------------------ end to end

@@ -207,7 +207,7 @@ def test_the_group_reward_joins_the_ranks_extras_even_when_a_rank_lacks_one():
         result({"score": np.zeros(2), "acc": np.array([0.0, 1.0])}),
     ]
     group = SimpleNamespace(world_size=2, call_each=lambda method, args: ranks)
-    joined = GroupReward(group)(Batch({"x": torch.zeros(4, 1)}))
+    joined = GroupReward(group)(Batch({"responses": torch.zeros(4, 1)}))
     numeric, text = split_extras(joined.extras)
     assert list(text["pred"]) == ["a", "b", None, None]
     np.testing.assert_array_equal(numeric["acc"], [1.0, 0.0, 0.0, 1.0])

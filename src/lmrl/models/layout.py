@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from lmrl.batch import Batch
+from lmrl.batch.schema import keys as schema_keys
 
 __all__ = [
     "GROUP_KEY",
@@ -53,9 +54,9 @@ __all__ = [
 
 LAYOUT_KEY = "row_layout"  # non-tensor column: a `RowSpan` per row
 GROUP_KEY = "prompt_group"  # (B,) long tensor column: the row's prompt, numbered over the batch
-LAYOUT_KEYS = (LAYOUT_KEY, GROUP_KEY)
-REQUIRED_KEYS = ("input_ids", "attention_mask", "responses")
-MICRO_KEYS = (*REQUIRED_KEYS, "position_ids", *LAYOUT_KEYS)  # what a micro-batch's forward reads
+LAYOUT_KEYS = schema_keys(writer="layout")  # (LAYOUT_KEY, GROUP_KEY)
+REQUIRED_KEYS = schema_keys(needed_by="forward")  # input_ids, attention_mask, responses
+MICRO_KEYS = schema_keys(read_by="forward")  # a micro-batch's forward: those, the rest optional
 
 
 def distinct_rows(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -356,7 +357,7 @@ def on_device(batch, device: torch.device) -> Batch:
     (`with_row_layout`), on ``device``: one transfer for all micro-batches, and none of them
     reads the device back (a (B, P+T) `lmrl.batch.Batch` or a mapping of its tensors)."""
     check_keys(batch)
-    keys = [k for k in (*REQUIRED_KEYS, "position_ids") if k in batch]
+    keys = [k for k in MICRO_KEYS if k not in LAYOUT_KEYS and k in batch]
     batch = batch.select(*keys) if isinstance(batch, Batch) else Batch({k: batch[k] for k in keys})
     return with_row_layout(batch).to(device)
 

@@ -56,6 +56,7 @@ import numpy as np
 import torch
 
 from lmrl.batch import Batch
+from lmrl.batch.schema import keys as schema_keys
 from lmrl.errors import ToolRunError
 from lmrl.rollout.base import (
     CallSeeds,
@@ -84,15 +85,8 @@ __all__ = [
 #: calls of one tool in one rollout before its failures are judged (the first batch check)
 MIN_CHECKED_CALLS = 5
 
-AGENT_KEYS = (
-    "agent_turns",
-    "agent_tool_calls",
-    "agent_valid_calls",
-    "agent_tool_errors",
-    "agent_tool_timeouts",
-    "agent_obs_tokens",
-    "agent_answered",
-)
+#: per-row counters (float (B,)), in the order `generate` writes `Row`'s fields
+AGENT_KEYS = schema_keys(group="agent")
 
 
 # ---------------------------------------------------------------------------- formats

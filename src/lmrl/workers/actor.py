@@ -29,14 +29,13 @@ from lmrl.algos import AggNorm, agg_loss, kl_estimators, kl_penalty, policy_loss
 from lmrl.algos.losses import loss_hyperparameters
 from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
+from lmrl.batch.schema import keys as schema_keys
 from lmrl.models import Reference, compute_log_probs, forward_log_probs
 from lmrl.models.forward import compute_device, forward_log_probs_and_kl
 from lmrl.models.layout import with_row_layout
 from lmrl.workers.optim import TrainableWorker
 
-UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-               "loss_mask", "advantages", "old_log_probs", "ref_log_probs",
-               "rollout_is_weights")  # fmt: skip
+UPDATE_KEYS = schema_keys(read_by="actor_update")  # what the update moves to the device
 
 
 def policy_loss_kwargs(cfg) -> dict[str, float | None]:

@@ -14,13 +14,13 @@ from torch import nn
 from lmrl.algos import AggNorm, value_loss
 from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
+from lmrl.batch.schema import keys as schema_keys
 from lmrl.models.critic import compute_values, forward_values
 from lmrl.models.forward import compute_device
 from lmrl.models.layout import with_row_layout
 from lmrl.workers.optim import TrainableWorker
 
-UPDATE_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask",
-               "values", "returns")  # fmt: skip
+UPDATE_KEYS = schema_keys(read_by="critic_update")  # what the update moves to the device
 
 
 class CriticWorker(TrainableWorker):

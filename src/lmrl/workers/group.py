@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from lmrl.batch import Batch
+from lmrl.batch.schema import keys as schema_keys
 from lmrl.config import Config
 from lmrl.errors import LmrlError, WorkerError
 from lmrl.workers.dist import DDP, partition_rows
@@ -55,7 +56,7 @@ __all__ = [
     "make_dp",
 ]
 
-FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+FORWARD_KEYS = schema_keys(read_by="map_rows")  # a row-wise pass's input, split across ranks
 
 
 def make_dp(strategy: str, rank: int, world_size: int, fsdp_config=None):

@@ -9,9 +9,11 @@ A `Batch` holds ``N`` rows (one per sequence) as
 - ``meta``: batch-level information (sampling temperature, timings) that is never sliced and
   is carried over (shallow-copied) by every operation that returns a new `Batch`.
 
-The choice made here: a `Batch` is a thin checked container, not a schema. A stage reads the
-keys it needs and adds its own with ``batch[key] = value``; every write checks that the value
-has ``N`` rows and raises a ``ValueError`` naming the key otherwise. Operations that return a
+The choice made here: a `Batch` is a thin checked container; its keys are declared apart, in
+`lmrl.batch.schema` (dtype, shape, role, meaning, the one stage that writes each). A stage
+reads the keys it needs and adds its own with ``batch[key] = value``; every write checks that
+the value has ``N`` rows and raises a ``ValueError`` naming the key otherwise, and with
+``LMRL_STRICT_BATCH=1`` (the tests) that the key is declared there. Operations that return a
 new `Batch` (``index``, ``split``, ``select``...) share or slice the tensors, they never copy
 ``meta``'s values. ``concat`` requires equal trailing shapes (no implicit re-padding): padding
 is the producer's job, with `pad_2d`.
@@ -28,6 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDict
+
+from lmrl.batch.schema import check_write, strict
 
 __all__ = ["Batch", "last_true", "lengths_to_mask", "pad_2d", "response_tokens_mask"]
 
@@ -94,6 +98,8 @@ class Batch:
     Raises:
         ValueError: a value whose length differs from ``N``, a 0-d tensor, a string given as a
             column, or a key given both as a tensor and as a non-tensor.
+        lmrl.batch.schema.UndeclaredKeyError: in strict mode, a key the schema does not
+            declare (or a tensor under a column's key, or the reverse).
     """
 
     def __init__(
@@ -123,6 +129,11 @@ class Batch:
                     f"tensor {key!r} has {value.shape[0]} rows, expected {n} "
                     f"(rows of the first tensor {next(iter(tensors))!r})"
                 )
+        if strict():
+            for key in tensors:
+                check_write(key, True)
+            for key in non_tensors:
+                check_write(key, False)
         columns = {key: _as_object_column(key, value) for key, value in non_tensors.items()}
         for key, column in columns.items():
             if n is None:
@@ -195,9 +206,13 @@ class Batch:
 
         Raises:
             ValueError: the value does not have ``N`` rows, or is a 0-d tensor or a string.
+            lmrl.batch.schema.UndeclaredKeyError: in strict mode, a key the schema does not
+                declare (or a tensor under a column's key, or the reverse).
         """
         if not isinstance(key, str):
             raise TypeError(f"Batch keys are strings, got {type(key).__name__}")
+        if strict():
+            check_write(key, isinstance(value, torch.Tensor))
         empty = not self.keys()
         if isinstance(value, torch.Tensor):
             if value.dim() == 0:
