@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
 
-.PHONY: venv test test-learning test-demos lint demo clean vllm-cpu-env test-vllm
+.PHONY: venv typecheck test test-learning test-demos lint demo clean vllm-cpu-env test-vllm
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 venv: $(VENV)/.installed
 
-test: venv
+# mypy over workers/, rollout/, trainer/ and run/ (the files and overrides: pyproject.toml)
+typecheck: venv
+	$(PY) -m mypy
+
+test: venv typecheck
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 # digits, sort, add, count and compare x every advantage estimator learn by a margin (~18 min on

@@ -134,7 +134,7 @@ class Scripted(RolloutEngine):
     def generate(self, prompts, n=1, sampling=None, *, prompt_offset=0):
         raise AssertionError("the agent loop must use the session")
 
-    def sync_weights(self, state_dict):
+    def sync_weights(self, state_dict=None):
         pass
 
 

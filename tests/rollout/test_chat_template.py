@@ -294,9 +294,9 @@ def test_prompts_without_messages_are_refused_in_one_line(formats):
 
 
 class _Null:
-    eos_ids, pad_id = [258], 256
+    eos_ids, pad_id, shares_weights = [258], 256, True
 
-    def sync_weights(self, state_dict):
+    def sync_weights(self, state_dict=None):
         pass
 
 

@@ -193,12 +193,12 @@ def test_the_engine_reports_each_row_once_with_its_final_tokens(workspace):
     parts = build_run(cfg)
     try:
         reports = []
-        parts.engine.row_done = lambda rows, block: reports.append((rows.tolist(), block))
+        parts.engine.set_row_done(lambda rows, block: reports.append((rows.tolist(), block)))
         prompts = parts.train_data.get_batch(list(range(8)))
         prompts["uid"] = np.array([f"p{i}" for i in range(8)], dtype=object)  # as the step's
         out = parts.engine.generate(prompts, 2, parts.plan.sampling)
     finally:
-        parts.engine.row_done = None
+        parts.engine.set_row_done(None)
         parts.close()
     assert_reported_once(reports, out)
 
@@ -278,12 +278,12 @@ def test_an_agent_row_is_reported_when_its_last_turn_ends_and_scores_the_same(
     parts = build_run(cfg)
     try:
         reports = []
-        parts.engine.row_done = lambda rows, block: reports.append((rows.tolist(), block))
+        parts.engine.set_row_done(lambda rows, block: reports.append((rows.tolist(), block)))
         prompts = parts.train_data.get_batch(list(range(4)))
         prompts["uid"] = np.array([f"p{i}" for i in range(4)], dtype=object)
         out = parts.engine.generate(prompts, 2, parts.plan.sampling)
     finally:
-        parts.engine.row_done = None
+        parts.engine.set_row_done(None)
         parts.close()
     assert_reported_once(reports, out)
     for rows, block in reports:  # what the reward decodes: the observations read, too

@@ -64,6 +64,9 @@ class FakeActor:
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         pass
 
+    def scale_lr(self, factor: float) -> float:
+        return factor
+
     def state_dict(self) -> dict:
         return {}
 

@@ -20,11 +20,15 @@ from lmrl.batch import Batch
 from lmrl.models import load_causal_lm
 from lmrl.rewards.managers import BatchRewardManager, DAPORewardManager, RewardManager
 from lmrl.rollout.agent import AgentLoop
+from lmrl.rollout.base import RolloutEngine
+from lmrl.rollout.copy import CopyEngine
 from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.vllm import VLLMEngine  # imports without vLLM: vllm is imported in methods
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
 from lmrl.workers.dist import DataParallel
 from lmrl.workers.group import RankWorker, RayWorkerGroup
+from lmrl.workers.precision import PrecisionEngine
 from lmrl.workers.reference import ReferenceWorker
 from lmrl.workers.reward import RewardWorker
 from lmrl.workers.roles import ActorRole, CriticRole, EngineRole, ReferenceRole, RewardRole
@@ -52,7 +56,10 @@ IMPLEMENTATIONS = {
     ActorRole: [ActorWorker, GroupActor, STEP_PARTS.FakeActor],
     CriticRole: [CriticWorker, GroupCritic],
     ReferenceRole: [ReferenceWorker, GroupReference],
-    EngineRole: [HFEngine, AgentLoop, GroupEngine],
+    # every engine and wrapper; vLLM's by signature (the class imports without vLLM)
+    EngineRole: [
+        RolloutEngine, HFEngine, CopyEngine, VLLMEngine, AgentLoop, PrecisionEngine, GroupEngine,
+    ],
     RewardRole: [
         RewardManager, BatchRewardManager, DAPORewardManager, RewardWorker, GroupReward,
         STEP_PARTS.FakeReward,
@@ -73,6 +80,23 @@ def role_methods(role: type) -> list[str]:
     )
 
 
+def role_attributes(role: type) -> list[str]:
+    """The data attributes a role declares (``pad_id: int``), its own and its bases'."""
+    return sorted(
+        {
+            name
+            for cls in role.__mro__
+            if cls.__module__ == ActorRole.__module__
+            for name in vars(cls).get("__annotations__", {})
+        }
+    )
+
+
+def _declared(cls: type, name: str) -> bool:
+    """Whether a class of ``cls``'s MRO assigns or annotates ``name`` at class level."""
+    return any(name in vars(c) or name in vars(c).get("__annotations__", {}) for c in cls.__mro__)
+
+
 def _defined(cls: type, name: str):
     """``name`` as a class of ``cls``'s MRO defines it (never ``type.__call__``), or None."""
     return next((vars(c)[name] for c in cls.__mro__[:-1] if name in vars(c)), None)
@@ -83,8 +107,13 @@ def _params(fn) -> list[tuple[str, inspect._ParameterKind, object]]:
 
 
 def mismatches(role: type, cls: type) -> list[str]:
-    """How ``cls`` differs from ``role``: a method missing, or another parameter list."""
-    problems = []
+    """How ``cls`` differs from ``role``: a method or a class-level attribute missing, or
+    another parameter list."""
+    problems = [
+        f"{cls.__qualname__} declares no {name} (the {role.__name__} attribute)"
+        for name in role_attributes(role)
+        if not _declared(cls, name)
+    ]
     for name in role_methods(role):
         got = _defined(cls, name)
         if got is None:
@@ -110,12 +139,15 @@ def test_every_implementation_has_the_methods_and_arguments_of_its_role(role, cl
 
 
 def test_the_roles_declare_verl_s_method_names():
-    trained = ["load_model_state", "load_state_dict", "model_state", "state_dict"]
+    trained = ["load_model_state", "load_state_dict", "model_state", "scale_lr", "state_dict"]
     assert role_methods(ActorRole) == sorted(["compute_log_probs", "update_actor", *trained])
     assert role_methods(CriticRole) == sorted(["compute_values", "update_critic", *trained])
     assert role_methods(ReferenceRole) == ["compute_log_probs"]
     assert role_methods(RewardRole) == ["__call__", "check_dataset", "close"]
-    assert role_methods(EngineRole) == ["close", "generate"]
+    assert role_methods(EngineRole) == [
+        "close", "generate", "set_row_done", "sync_weights", "view",
+    ]  # fmt: skip
+    assert role_attributes(EngineRole) == ["pad_id", "reports_rows", "shares_weights"]
 
 
 class _Renamed(_Trained):  # update_actor under its old name
@@ -152,6 +184,8 @@ def test_the_roles_and_the_ray_stand_ins_import_without_ray():
         "sys.modules['ray'] = None  # any `import ray` fails\n"
         "import lmrl.workers.roles, lmrl.workers.group, lmrl.workers.backend\n"
         "import lmrl.workers.reward, lmrl.trainer\n"
+        "sys.modules['vllm'] = None\n"
+        "import lmrl.rollout.vllm  # the engine class without vLLM\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -274,14 +274,11 @@ class AgentLoop(RolloutEngine):
             (`lmrl.rollout.turns`); 1 = all rows decode together and wait for the turn's
             calls (``rollout.multi_turn.pipeline_groups``; docs/async.md has when more pays).
 
-    Attributes:
-        row_done: None, or called as ``row_done(rows, block)`` the moment rows' last turns end
-            (an answer, no call, the turn or token limit): ``rows`` (k,) their places among
-            the call's B*n rows, ``block`` those rows as `generate` returns them (see
-            `lmrl.rollout.hf.HFEngine.row_done`).
+    Rows are reported to the hook of `set_row_done` the moment their last turns end (an
+    answer, no call, the turn or token limit), whatever the engine it wraps.
     """
 
-    row_done: Callable | None = None
+    reports_rows = True
 
     def __init__(
         self,
@@ -327,17 +324,23 @@ class AgentLoop(RolloutEngine):
         if isinstance(format, ChatFormat):
             format.bind(tokenizer, self.tools, self.eos_ids)
 
-    def sync_weights(self, state_dict) -> None:
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> None:
         self.engine.sync_weights(state_dict)
 
+    def set_row_done(self, hook: RowDone | None) -> None:
+        """Report rows as their last turns end (see `RolloutEngine.set_row_done`)."""
+        self._row_done = hook
+
+    def view(self) -> EngineView:
+        """The wrapped engine's: the loop generates with its model."""
+        return self.engine.view()
+
     def close(self) -> None:
-        """Close the tools (and the wrapped engine, when it can be closed)."""
+        """Close the tools and the wrapped engine."""
         self._in_flight.close()
         for tool in self.tools.values():
             tool.close()
-        close = getattr(self.engine, "close", None)
-        if callable(close):
-            close()
+        self.engine.close()
 
     def _session(self, prompts: Batch, n: int, sampling: SamplingParams, offset: int, rows):
         opener = getattr(self.engine, "open_session", None)
@@ -390,9 +393,9 @@ class AgentLoop(RolloutEngine):
         return self._assemble(prompts, n, rows, sampling.logprob_temperature)
 
     def _reporter(self, prompts: Batch, n: int, part: torch.Tensor, group: Group, sampling):
-        """``group.on_done`` for `row_done`: the group's finished rows (its ``part`` of the
-        call's rows) made into a block, or None without a ``row_done``."""
-        hook = self.row_done
+        """``group.on_done`` for the hook of `set_row_done`: the group's finished rows (its
+        ``part`` of the call's rows) made into a block, or None without a hook."""
+        hook = self._row_done
         if hook is None:
             return None
 

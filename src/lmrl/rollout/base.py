@@ -28,9 +28,10 @@ the batch (the reward manager does), and hold no training state.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,8 +42,9 @@ from lmrl.batch import Batch
 
 __all__ = [
     "CallSeeds",
-    "Forwarded",
+    "EngineView",
     "RolloutEngine",
+    "RowDone",
     "SamplingParams",
     "check_prompts",
     "default_eos_ids",
@@ -117,37 +119,52 @@ class SamplingParams:
         return float(self.temperature) if self.temperature > 0 else 1.0
 
 
-class Forwarded:
-    """An engine wrapper's attribute that is its wrapped engine's (held in ``self.<inner>``),
-    read and set there: ``row_done = Forwarded("engine")``. Reading it raises the wrapped
-    engine's AttributeError where that engine has no such attribute."""
+RowDone = Callable[[torch.Tensor, Batch], None]
+"""An engine's finished-rows hook: ``hook(rows, block)`` the moment rows of a ``generate`` call
+stop: ``rows`` (k,) their places among the call's B*n rows, ``block`` those rows as
+``generate`` returns them, as wide as their longest."""
 
-    def __init__(self, inner: str) -> None:
-        self.inner = inner
 
-    def __set_name__(self, owner, name: str) -> None:
-        self.name = name
+@dataclass
+class EngineView:
+    """What a caller outside the engine (``lmrl.trainer.parity``) can do with its model.
 
-    def __get__(self, obj, owner=None):
-        return self if obj is None else getattr(getattr(obj, self.inner), self.name)
+    Attributes:
+        model: the module it generates with, to score given tokens (teacher forcing); None
+            when it cannot (vLLM, a Ray group's engine).
+        autocast: the context its forward runs in.
+        compute: its compute dtype (None when unknown).
+        shares_weights: it generates with the actor's own module (never stale).
+        sync: forces its weight sync from the actor (None when it has no copy to sync).
+    """
 
-    def __set__(self, obj, value) -> None:
-        setattr(getattr(obj, self.inner), self.name, value)
+    model: nn.Module | None
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    compute: torch.dtype | None = None
+    shares_weights: bool = True
+    sync: Callable[[], None] | None = None
 
 
 class RolloutEngine(ABC):
     """A generation engine: left-padded prompts in, ``n`` samples per prompt out.
 
-    Implementations: ``hf`` (`lmrl.rollout.hf.HFEngine`, CPU and GPU); ``vllm``
-    (`lmrl.rollout.vllm.VLLMEngine`, where vLLM is installed).
+    Implementations: ``hf`` (`lmrl.rollout.hf.HFEngine`, CPU and GPU), ``hf`` over a copy in
+    another dtype (`lmrl.rollout.copy.CopyEngine`), ``vllm`` (`lmrl.rollout.vllm.VLLMEngine`,
+    where vLLM is installed); the wrappers `lmrl.rollout.agent.AgentLoop` (multi-turn) and
+    `lmrl.workers.precision.PrecisionEngine` (the actor's autocast). Each is an
+    ``lmrl.workers.roles.EngineRole``: the same methods, with the same signatures.
 
     Attributes:
+        pad_id: the padding token of its batches.
         shares_weights: the engine generates with the actor's own module, so its log-probs
             are the actor's (the trainer may then take the old log-probs from the update's
             own forward); False for an engine with a copy of its own (vLLM).
+        reports_rows: `set_row_done` takes a hook (rows are reported as they stop).
     """
 
+    pad_id: int
     shares_weights: bool = True
+    reports_rows: bool = False
 
     @abstractmethod
     def generate(
@@ -178,12 +195,33 @@ class RolloutEngine(ABC):
         that generates with the actor's module holds nothing."""
 
     @abstractmethod
-    def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
-        """Load the actor's current weights into the engine's copy of the model.
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Load weights into the engine's model, in place.
 
-        Engines that generate with the actor's own module (``hf`` in-process) see every
-        update without it; calling it copies the values in place.
+        Args:
+            state_dict: the actor's weights under its names (an async run's pushed version, a
+                checkpoint's ``model_state``); None = the current weights of the module the
+                engine was built over (a forced sync; nothing to copy for an engine that
+                generates with that module itself).
+
+        Raises:
+            RuntimeError: missing or unexpected keys (torch's message).
         """
+
+    def set_row_done(self, hook: RowDone | None) -> None:
+        """Report rows as they stop to ``hook`` (a `RowDone`) during ``generate``; None stops
+        reporting. Engines with ``reports_rows`` False take only None.
+
+        Raises:
+            ValueError: a hook given to an engine that does not report rows.
+        """
+        if hook is not None:
+            raise ValueError(f"{type(self).__name__} does not report rows as they stop")
+
+    def view(self) -> EngineView:
+        """What a caller can do with the engine's model (`EngineView`): here nothing but read
+        ``shares_weights``; engines that generate with a module of this process say more."""
+        return EngineView(None, shares_weights=self.shares_weights)
 
 
 def check_prompts(prompts: Batch, n: int) -> tuple[torch.Tensor, torch.Tensor]:

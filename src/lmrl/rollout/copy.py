@@ -24,7 +24,7 @@ from torch import nn
 
 from lmrl.batch import Batch
 from lmrl.models.loading import resolve_dtype, weights_version
-from lmrl.rollout.base import Forwarded, RolloutEngine, SamplingParams
+from lmrl.rollout.base import EngineView, RolloutEngine, RowDone, SamplingParams
 from lmrl.rollout.hf import HFEngine
 
 __all__ = ["CopyEngine"]
@@ -62,6 +62,8 @@ class CopyEngine(RolloutEngine):
         for p in self.copy.parameters():
             p.requires_grad_(False)
         self.inner = HFEngine(self.copy, tokenizer, **options)
+        self.pad_id = self.inner.pad_id
+        self.reports_rows = self.inner.reports_rows
         self.sync_count = 1
         self._synced = self._versions()
 
@@ -72,7 +74,14 @@ class CopyEngine(RolloutEngine):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    row_done = Forwarded("inner")  # `HFEngine.row_done`: rows reported as they stop
+    def set_row_done(self, hook: RowDone | None) -> None:
+        """Rows reported as they stop (`HFEngine.set_row_done`)."""
+        self.inner.set_row_done(hook)
+
+    def view(self) -> EngineView:
+        """The copy, in its dtype, and a forced sync from the actor (``sync_weights()``)."""
+        return EngineView(self.copy, compute=self.dtype, shares_weights=False,
+                          sync=self.sync_weights)  # fmt: skip
 
     def _versions(self) -> tuple[int, ...]:
         return (weights_version(self.source), *(p._version for p in self.source.parameters()))
@@ -81,22 +90,20 @@ class CopyEngine(RolloutEngine):
         if self.follow and self._versions() != self._synced:
             self.sync_weights()
 
-    def sync_weights(
-        self, state_dict: Mapping[str, torch.Tensor] | None = None, strict: bool = True
-    ) -> None:
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> None:
         """Copy ``state_dict`` (the actor's names), or the actor's current weights, into the
         copy, cast to its dtype. A tied weight may be left out when its twin is there (a
         checkpoint's ``model_state`` holds ``lm_head.weight`` once, as the embedding).
 
         Raises:
-            RuntimeError: missing or unexpected keys when ``strict`` (torch's message).
+            RuntimeError: missing or unexpected keys.
         """
         with torch.no_grad():
             if state_dict is None:
                 state_dict = self.source.state_dict()  # never sharded: fsdp2 is refused
             result = self.copy.load_state_dict(state_dict, strict=False)
         missing = [k for k in result.missing_keys if not self._twin_in(k, state_dict)]
-        if strict and (missing or result.unexpected_keys):
+        if missing or result.unexpected_keys:
             raise RuntimeError(
                 f"weights for the rollout copy: missing {missing}, "
                 f"unexpected {result.unexpected_keys}"

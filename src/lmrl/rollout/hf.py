@@ -41,7 +41,9 @@ from lmrl.models.forward import cache_keyword, fused_head, unwrap
 from lmrl.models.layout import distinct_rows
 from lmrl.rollout.base import (
     CallSeeds,
+    EngineView,
     RolloutEngine,
+    RowDone,
     SamplingParams,
     check_prompts,
     default_eos_ids,
@@ -78,16 +80,13 @@ class HFEngine(RolloutEngine):
             (preallocated cache, eager) or ``dynamic`` (today's loop); `lmrl.rollout.static`.
         check_every: decode steps between host checks that every row has finished (static).
 
-    Attributes:
-        row_done: None, or called as ``row_done(rows, block)`` the moment rows of a
-            `generate` call stop (EOS, a stop string, the length limit): ``rows`` (k,) their
-            places among the call's B*n rows, ``block`` those rows as `generate` returns
-            them, as wide as their longest (the trainer scores them while the other rows
-            decode: ``reward.in_flight_rows``). Row by row in the dynamic decode; a
-            micro-batch at a time in the static and graphs decodes.
+    Rows are reported as they stop (EOS, a stop string, the length limit) to the hook of
+    `set_row_done` (the trainer scores them while the other rows decode:
+    ``reward.overlap.rows``): row by row in the dynamic decode; a micro-batch at a time in
+    the static and graphs decodes.
     """
 
-    row_done: Callable | None = None
+    reports_rows = True
 
     def __init__(
         self,
@@ -114,16 +113,29 @@ class HFEngine(RolloutEngine):
         # only the last position's logits are needed: never build (B, P, V) at prefill
         self._logits_to_keep = "logits_to_keep" in params or takes_kwargs
         self._cache_keyword = cache_keyword(model)
+        self._row_done: RowDone | None = None
 
     # ------------------------------------------------------------------ interface
-    def sync_weights(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> None:
-        """Copy ``state_dict`` into the engine's model in place (see `RolloutEngine`).
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Copy ``state_dict`` into the engine's model in place (see `RolloutEngine`); None
+        copies nothing: the engine generates with the module it was built over.
 
         Raises:
-            RuntimeError: missing or unexpected keys when ``strict`` (torch's message).
+            RuntimeError: missing or unexpected keys (torch's message).
         """
+        if state_dict is None:
+            return
         with torch.no_grad():
-            self.model.load_state_dict(dict(state_dict), strict=strict)
+            self.model.load_state_dict(dict(state_dict), strict=True)
+
+    def set_row_done(self, hook: RowDone | None) -> None:
+        """Report rows as they stop to ``hook`` (see `RolloutEngine.set_row_done`)."""
+        self._row_done = hook
+
+    def view(self) -> EngineView:
+        """Its model, in its parameters' dtype (see `RolloutEngine.view`)."""
+        dtype = next(self.model.parameters()).dtype
+        return EngineView(self.model, compute=dtype, shares_weights=self.shares_weights)
 
     def generate(
         self,
@@ -183,8 +195,9 @@ class HFEngine(RolloutEngine):
 
     def _reporter(self, prompts: Batch, n: int, sampling: SamplingParams, start: int):
         """`_sample`'s ``row_done`` for the micro-batch whose first row is the call's row
-        ``start``: its rows' tokens made into a block (`finish_rollout`) for `row_done`."""
-        hook = self.row_done
+        ``start``: its rows' tokens made into a block (`finish_rollout`) for the hook of
+        `set_row_done`."""
+        hook = self._row_done
         if hook is None:
             return None
 

@@ -40,7 +40,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -56,7 +56,7 @@ log = logging.getLogger("lmrl.trainer")
 
 __all__ = ["Ahead", "RolloutAhead", "batch_from_state", "batch_state"]
 
-Weights = Any  # a state dict of CPU tensors, or a handle the engine's ``sync_weights`` takes
+Weights = Mapping[str, torch.Tensor]  # the actor's weights, CPU tensors (``sync_weights``'s)
 
 
 @dataclasses.dataclass

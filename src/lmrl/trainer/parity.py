@@ -36,24 +36,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
 from lmrl.algos.masked import masked_mean
 from lmrl.batch import Batch, response_tokens_mask
 from lmrl.models import compute_log_probs
-from lmrl.rollout.agent import AgentLoop
-from lmrl.rollout.copy import CopyEngine
-from lmrl.rollout.hf import HFEngine
+from lmrl.rollout.base import EngineView
 from lmrl.workers.actor import ActorWorker
-from lmrl.workers.precision import PrecisionEngine
+
+if TYPE_CHECKING:
+    from lmrl.workers.roles import EngineRole
 
 log = logging.getLogger("lmrl.trainer")
 
-__all__ = ["CAUSES", "GAP_KEY", "LABELS", "Diagnosis", "EngineView", "ParityProbe", "diagnose"]
+__all__ = ["CAUSES", "GAP_KEY", "LABELS", "Diagnosis", "ParityProbe", "diagnose"]
 
 GAP_KEY = "rollout/actor_logprob_abs_diff"
 CAUSES = ("unknown", "stale_weights", "tokenization", "micro_batch", "dtype")
@@ -74,42 +73,6 @@ class Diagnosis:
 
     def metrics(self) -> dict[str, float]:
         return {"parity/cause": float(CAUSES.index(self.cause)), **self.figures}
-
-
-@dataclass
-class EngineView:
-    """What the probe can do with an engine.
-
-    Attributes:
-        model: the module it generates with, to score given tokens (teacher forcing); None
-            when it cannot (vLLM).
-        autocast: the context its forward runs in.
-        compute: its compute dtype (None when unknown).
-        shares_weights: it generates with the actor's own module (never stale).
-        sync: forces its weight sync from the actor (None when it has no copy to sync).
-    """
-
-    model: nn.Module | None
-    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    compute: torch.dtype | None = None
-    shares_weights: bool = True
-    sync: Callable[[], None] | None = None
-
-    @classmethod
-    def of(cls, engine) -> EngineView:
-        """Unwrap the agent loop and the precision wrapper down to an engine lmrl knows."""
-        autocast, compute = contextlib.nullcontext, None
-        while isinstance(engine, AgentLoop | PrecisionEngine):
-            if isinstance(engine, PrecisionEngine) and engine.precision.mixed:
-                autocast, compute = engine.precision.autocast, engine.precision.compute
-            engine = engine.engine
-        if isinstance(engine, CopyEngine):
-            # sync_weights() with no state copies the actor's current weights, as before a call
-            return cls(engine.copy, autocast, engine.dtype, False, engine.sync_weights)
-        if isinstance(engine, HFEngine):
-            dtype = compute or next(engine.model.parameters()).dtype
-            return cls(engine.model, autocast, dtype, engine.shares_weights)
-        return cls(None, shares_weights=engine.shares_weights)
 
 
 def _mean_abs(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:
@@ -136,7 +99,9 @@ def round_trips(tokenizer, responses: torch.Tensor, tokens_mask: torch.Tensor) -
 class _Run:
     """One diagnosis: the batch, its gap, and the scores the probes share."""
 
-    def __init__(self, batch: Batch, threshold: float, tokenizer, actor, view) -> None:
+    def __init__(
+        self, batch: Batch, threshold: float, tokenizer, actor, view: EngineView | None
+    ) -> None:
         self.batch, self.threshold, self.tokenizer = batch, threshold, tokenizer
         self.actor, self.view = actor, view
         self.old, self.rollout = batch["old_log_probs"], batch["rollout_log_probs"]
@@ -262,7 +227,12 @@ class _Run:
 
 
 def diagnose(
-    batch: Batch, threshold: float, tokenizer, actor=None, engine=None, note: str | None = None
+    batch: Batch,
+    threshold: float,
+    tokenizer,
+    actor=None,
+    engine: EngineRole | None = None,
+    note: str | None = None,
 ) -> Diagnosis:
     """Name the cause of the engine's gap on one step's batch (module docstring).
 
@@ -278,7 +248,7 @@ def diagnose(
     Returns:
         The `Diagnosis`; its message is one line.
     """
-    view = EngineView.of(engine) if engine is not None else None
+    view = engine.view() if engine is not None else None
     run = _Run(batch, threshold, tokenizer, actor, view)
     probes = [run.tokenization]
     if actor is not None:

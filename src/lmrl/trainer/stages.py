@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +20,9 @@ from lmrl.rewards.result import RewardResult, merge_results, split_extras
 from lmrl.rollout.merge import concat_rollouts
 from lmrl.run.timing import StageTimer
 from lmrl.trainer.validation import validation_metrics
+
+if TYPE_CHECKING:
+    from lmrl.workers.roles import EngineRole
 
 log = logging.getLogger("lmrl.trainer")
 
@@ -36,8 +40,8 @@ def scoring_thread(plan) -> ThreadPoolExecutor | None:
 class Scoring:
     """A step's reward calls, one at a time in the run's scoring thread, so that scoring
     overlaps what the step does meanwhile: the rest of the generation (the rows that stopped
-    while the others decode, ``reward.in_flight_rows``; the calls done while the next ones
-    generate, ``reward.in_flight_chunks``) and, under ``reward.launch_async``, stages 3-5.
+    while the others decode, ``reward.overlap.rows``; the calls done while the next ones
+    generate, ``reward.overlap.chunks``) and, under ``reward.overlap.log_probs``, stages 3-5.
     Every reward call of the step goes through it (ReMax's baseline too): the reward manager
     is never called from two threads at once.
 
@@ -104,7 +108,7 @@ def rollout(
     parts, step: int, timer: StageTimer, metrics: dict, thread: ThreadPoolExecutor | None = None
 ) -> tuple[Batch, Scoring | None]:
     """Stages 1-2 as the trainer runs them, scoring in ``thread`` (see `scoring_thread`): the
-    batch, and its scoring still under way when ``reward.launch_async`` lets stages 3-5
+    batch, and its scoring still under way when ``reward.overlap.log_probs`` lets stages 3-5
     overlap it (the caller joins it before the advantages), else None with the batch scored
     (see `rollout_and_score`)."""
     plan = parts.plan
@@ -188,16 +192,16 @@ def generate(
     rollout and its prompts.
 
     With ``scoring``, the rows are handed to it as they are generated; when it scores in a
-    thread of its own, the prompts are generated in ``reward.in_flight_chunks`` calls of whole
+    thread of its own, the prompts are generated in ``reward.overlap.chunks`` calls of whole
     groups, each at its place in the batch (``prompt_offset``), so the samples are those of
-    one call, and with ``reward.in_flight_rows`` each row as it stops (`_generate_rows`).
+    one call, and with ``reward.overlap.rows`` each row as it stops (`_generate_rows`).
     """
     plan, engine = parts.plan, parts.engine
     prompts = parts.train_data.get_batch(parts.sampler.next_batch())
     sampling = dataclasses.replace(plan.sampling, seed=plan.seed + 1_000_003 * step + round_)
     overlapped = scoring is not None and scoring.thread is not None
     chunks = min(plan.reward_chunks, len(prompts)) if overlapped else 1
-    rows = overlapped and plan.reward_rows and hasattr(engine, "row_done")
+    rows = overlapped and plan.reward_rows and engine.reports_rows
     if rows and "uid" not in prompts:  # a row scored early carries its batch's uid
         prompts["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
     with timer("gen"):
@@ -206,6 +210,7 @@ def generate(
             if scoring is not None:
                 scoring.submit(batch)
             return batch, prompts
+        assert scoring is not None  # chunks or rows: an overlapped scoring
         blocks = []
         for part in np.array_split(np.arange(len(prompts)), chunks):
             lo, hi = int(part[0]), int(part[-1]) + 1

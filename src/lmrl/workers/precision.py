@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
+from lmrl.batch import Batch
 from lmrl.errors import ModelError
 from lmrl.models.loading import DTYPES
-from lmrl.rollout.base import Forwarded, RolloutEngine
+from lmrl.rollout.base import EngineView, RolloutEngine, RowDone, SamplingParams
 
 __all__ = ["LossScaler", "Precision", "PrecisionEngine"]
 
@@ -194,17 +195,33 @@ class PrecisionEngine(RolloutEngine):
     def __init__(self, engine: RolloutEngine, precision: Precision) -> None:
         self.engine = engine
         self.precision = precision
+        self.pad_id = engine.pad_id
         self.shares_weights = engine.shares_weights
+        self.reports_rows = engine.reports_rows
 
-    pad_id = Forwarded("engine")
-    row_done = Forwarded("engine")  # AttributeError where the engine reports no rows
-
-    def generate(self, prompts, n=1, sampling=None, *, prompt_offset: int = 0):
+    def generate(
+        self,
+        prompts: Batch,
+        n: int = 1,
+        sampling: SamplingParams | None = None,
+        *,
+        prompt_offset: int = 0,
+    ) -> Batch:
         with self.precision.autocast():
             return self.engine.generate(prompts, n, sampling, prompt_offset=prompt_offset)
 
     def close(self) -> None:
         self.engine.close()
 
-    def sync_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> None:
         self.engine.sync_weights(state_dict)
+
+    def set_row_done(self, hook: RowDone | None) -> None:
+        self.engine.set_row_done(hook)
+
+    def view(self) -> EngineView:
+        """The wrapped engine's, its forward under this autocast when mixed."""
+        view = self.engine.view()
+        if not self.precision.mixed:
+            return view
+        return replace(view, autocast=self.precision.autocast, compute=self.precision.compute)

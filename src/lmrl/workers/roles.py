@@ -12,6 +12,7 @@ Shapes: ``B`` rows (samples), ``T`` response length; a `Batch` holds the keys of
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -20,7 +21,7 @@ from lmrl.batch import Batch
 
 if TYPE_CHECKING:
     from lmrl.rewards.result import RewardResult
-    from lmrl.rollout.base import SamplingParams
+    from lmrl.rollout.base import EngineView, RowDone, SamplingParams
 
 __all__ = [
     "ActorRole",
@@ -44,6 +45,12 @@ class TrainedRole(Protocol):
 
     def load_model_state(self, state: dict[str, torch.Tensor]) -> None:
         """Load full weights written by ``model_state`` (under any number of ranks)."""
+        ...
+
+    def scale_lr(self, factor: float) -> float:
+        """Multiply the peak learning rate by ``factor`` from now on (kept in `state_dict`);
+        returns the scale now. The run doctor's rollback calls it: one scalar, where a round
+        trip through ``state_dict`` would ship the whole optimizer state."""
         ...
 
     def state_dict(self) -> dict:
@@ -135,17 +142,21 @@ class RewardRole(Protocol):
 
 
 class EngineRole(Protocol):
-    """The rollout engine the step generates with (``lmrl.rollout``: ``hf``, ``vllm``, the
-    multi-turn ``AgentLoop`` around either, or a Ray group's ``GroupEngine``).
+    """The rollout engine the step generates with (``lmrl.rollout``: ``hf``, ``hf`` over a
+    copy, ``vllm``, the multi-turn ``AgentLoop`` around either, ``PrecisionEngine`` around
+    ``hf``, or a Ray group's ``GroupEngine``). ``lmrl.rollout.base.RolloutEngine`` documents
+    each method.
 
     Attributes:
         pad_id: the padding token of its batches.
         shares_weights: it generates with the actor's own module (its log-probs are the
             actor's); False for an engine with a copy of the weights (vLLM).
+        reports_rows: ``set_row_done`` takes a hook: rows are reported as they stop.
     """
 
     pad_id: int
     shares_weights: bool
+    reports_rows: bool
 
     def generate(
         self,
@@ -161,4 +172,19 @@ class EngineRole(Protocol):
 
     def close(self) -> None:
         """Free what the engine holds of its own (a vLLM engine, tool processes)."""
+        ...
+
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Load ``state_dict`` (the actor's names) into the engine's model in place; None =
+        the current weights of the module it was built over (a forced sync)."""
+        ...
+
+    def set_row_done(self, hook: RowDone | None) -> None:
+        """Call ``hook(rows, block)`` as rows of a ``generate`` call stop; None stops it.
+        Only None where ``reports_rows`` is False (else ValueError)."""
+        ...
+
+    def view(self) -> EngineView:
+        """The module it generates with (to score given tokens), its autocast and compute
+        dtype, and its forced sync, as far as it has them (``lmrl.trainer.parity``)."""
         ...

@@ -5,12 +5,14 @@ ranks, so ``Trainer.step`` runs unchanged (the dispatch table is in ``lmrl.worke
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lmrl.batch import Batch
+from lmrl.rollout.base import EngineView, RowDone, SamplingParams
 from lmrl.rollout.merge import concat_rollouts
 from lmrl.workers.actor import UPDATE_KEYS as ACTOR_KEYS
 from lmrl.workers.critic import UPDATE_KEYS as CRITIC_KEYS
@@ -23,7 +25,13 @@ __all__ = ["GroupActor", "GroupCritic", "GroupEngine", "GroupReference", "GroupR
 
 
 class GroupEngine:
-    """The rollout engine of a group: each rank samples a contiguous chunk of the prompts."""
+    """The rollout engine of a group: each rank samples a contiguous chunk of the prompts.
+    Rows are not reported as they stop (``reports_rows`` False): they come back with the
+    ranks' results."""
+
+    pad_id: int
+    shares_weights: bool
+    reports_rows = False
 
     def __init__(self, group: RayWorkerGroup) -> None:
         self.group = group
@@ -31,7 +39,12 @@ class GroupEngine:
         self.shares_weights = group.infos[0]["shares_weights"]
 
     def generate(
-        self, prompts: Batch, n: int = 1, sampling=None, *, prompt_offset: int = 0
+        self,
+        prompts: Batch,
+        n: int = 1,
+        sampling: SamplingParams | None = None,
+        *,
+        prompt_offset: int = 0,
     ) -> Batch:
         chunks = prompts.chunk(self.group.world_size)
         offsets = np.cumsum([0] + [len(c) for c in chunks[:-1]]) + prompt_offset
@@ -41,9 +54,25 @@ class GroupEngine:
         outs = [o for o in outs if o is not None]
         return outs[0] if len(outs) == 1 else concat_rollouts(outs, self.pad_id)
 
-    def sync_weights(self, state: dict[str, torch.Tensor]) -> None:
-        """Hand the actor's weights to every rank (an async run's rollout group)."""
-        self.group.call("load_policy", state)
+    def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> None:
+        """Hand the actor's weights to every rank (an async run's rollout group).
+
+        Raises:
+            ValueError: no ``state_dict``: the ranks' engines follow their own policy, the
+                driver has no module of theirs to copy from.
+        """
+        if state_dict is None:
+            raise ValueError("a group's engine syncs only the weights it is handed")
+        self.group.call("load_policy", dict(state_dict))
+
+    def set_row_done(self, hook: RowDone | None) -> None:
+        """Only None: the ranks' rows come back with their results (``reports_rows``)."""
+        if hook is not None:
+            raise ValueError("GroupEngine does not report rows as they stop")
+
+    def view(self) -> EngineView:
+        """Nothing to score with on the driver: the models are the ranks'."""
+        return EngineView(None, shares_weights=self.shares_weights)
 
     def close(self) -> None:
         """Nothing here: each rank's engine is freed with its process (``RayBackend.close``)."""
