@@ -230,7 +230,7 @@ def test_grpo_moves_the_toys_mass_to_the_rewarded_side(pretrained):
     assert 0.4 < before < 0.6 and after >= 0.9, (before, after)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_the_update_runs_on_a_gpu_like_on_the_cpu(pretrained):
     """Rollout and update with the model and every tensor on the GPU (the update's own
     bookkeeping once mixed a CPU row index into CUDA tensors), with CFG and four shuffled

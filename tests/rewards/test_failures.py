@@ -8,7 +8,6 @@ import json
 import logging
 import math
 import threading
-import time
 
 import pytest
 import torch
@@ -247,17 +246,47 @@ def faults(tmp_path):
     return load_reward_fn(path)
 
 
-def test_timeouts_run_in_parallel_across_the_pool(faults):
-    pool = ScoringPool([faults], num_workers=2, timeout_s=2.0)
+# "hang": a call that hangs holding a lock on a file of its own (released when its process is
+# killed), in the folder ``ground_truth``, and records the most such calls it sees alive at once as an empty file ``<pid>.most<count>``
+HANG_AND_COUNT = """
+import fcntl, glob, os, time
+
+def compute_score(solution_str, ground_truth):
+    if solution_str != "hang":
+        return 1.0
+    mine = open(os.path.join(ground_truth, f"{os.getpid()}.lock"), "w")
+    fcntl.flock(mine, fcntl.LOCK_EX)
+    most = 0
+    while True:
+        live = 0
+        for path in glob.glob(os.path.join(ground_truth, "*.lock")):
+            with open(path) as other:
+                try:
+                    fcntl.flock(other, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    live += 1
+        if live > most:
+            most = live
+            open(os.path.join(ground_truth, f"{os.getpid()}.most{most}"), "w").close()
+        time.sleep(0.05)
+"""
+
+
+def test_timeouts_run_in_parallel_across_the_pool(tmp_path):
+    # one after another, 2 workers hang 2 calls at a time; in parallel, stand-ins take the
+    # waiting calls and more than 2 hang at once
+    (tmp_path / "hang.py").write_text(HANG_AND_COUNT)
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    pool = ScoringPool([load_reward_fn(tmp_path / "hang.py")], num_workers=2, timeout_s=2.0)
     try:
         pool.start()
-        start = time.monotonic()
-        out = pool.run([sample("hang")] * 8)
-        elapsed = time.monotonic() - start
-        # one after another: 8 / 2 workers x 2 s >= 8 s; in parallel about one timeout
-        assert elapsed < 6.0, f"8 hanging samples took {elapsed:.1f} s"
+        out = pool.run([(0, "sample", ("digits", "hang", str(seen), {}))] * 8)
         assert [o.status for o in out] == ["timeout"] * 8
         assert "compute_score: call exceeded timeout_s=2 s" in out[0].message
+        assert len(list(seen.glob("*.lock"))) == 8  # each call in a process of its own
+        most = max(int(p.name.rpartition(".most")[2]) for p in seen.glob("*.most*"))
+        assert most > 2, f"at most {most} hanging calls at once on 2 workers"
         assert pool.restarts == 8 and len(pool._workers) <= 2  # stand-ins stopped
         assert [o.score for o in pool.run([sample("1"), sample("1")])] == [1.0, 1.0]
     finally:

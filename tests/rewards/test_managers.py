@@ -4,7 +4,6 @@ robustness to reward functions that raise, hang, crash or return garbage."""
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 import pytest
@@ -228,16 +227,13 @@ def test_pool_survives_hangs_crashes_and_garbage(tok, tmp_path, caplog):
     )
     try:
         with caplog.at_level(logging.WARNING, logger="lmrl.rewards"):
-            start = time.monotonic()
-            result = manager(batch)
-            elapsed = time.monotonic() - start
+            result = manager(batch)  # "hang" sleeps 10,000 s: it returns through the timeout
         assert result.scores.tolist() == [1.0, 0, 0, 1.0, 0, 0, 0, 1.0, 0]
         assert result.metrics["reward/timeouts"] == 1.0
         assert result.metrics["reward/errors"] == 4.0  # boom, nan, str, die
         assert result.metrics["reward/worker_restarts"] == 2.0  # the hung one and the dead one
         acc = result.extras["acc"]
         assert acc[0] == 1.0 and np.isnan(acc[1])  # a failed sample has no extras
-        assert elapsed < 30
         messages = [r.getMessage() for r in caplog.records]
         assert sum("reward timeout" in m for m in messages) == 1
         assert sum("reward error" in m for m in messages) == 1
@@ -262,7 +258,7 @@ def test_batch_manager_times_out_a_hanging_batched_call(tok, tmp_path):
     assert result.metrics["reward/timeouts"] == 3.0  # one call, three samples without a score
 
 
-def test_batch_timeout_bounds_a_batch_where_everything_hangs(tok, tmp_path):
+def test_batch_timeout_bounds_a_batch_where_everything_hangs(tok, tmp_path, caplog):
     path = tmp_path / "misbehaving.py"
     path.write_text(MISBEHAVING)
     batch = make_batch(tok, ["hang"] * 4, ["12"] * 4, eos=False)
@@ -276,10 +272,13 @@ def test_batch_timeout_bounds_a_batch_where_everything_hangs(tok, tmp_path):
         reward_fns=fn,
         max_error_fraction=2.0,
     ) as manager:
-        start = time.monotonic()
-        result = manager(batch)
-        assert time.monotonic() - start < 10  # not 4 x 30 s
+        with caplog.at_level(logging.WARNING, logger="lmrl.rewards"):
+            result = manager(batch)
         assert result.metrics["reward/timeouts"] == 4.0
+        # the batch's 1 s stopped them, not each call's 30 s
+        messages = " ".join(r.getMessage() for r in caplog.records)
+        assert "reward batch exceeded batch_timeout_s=1 s" in messages, messages
+        assert "call exceeded timeout_s" not in messages
         assert result.scores.tolist() == [0.0] * 4
         # the replacement worker serves the next batch
         assert manager(make_batch(tok, ["12"], ["12"], eos=False)).scores.tolist() == [1.0]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from lmrl.rewards.scorers import (
@@ -134,12 +132,10 @@ def test_gsm8k_format_score_and_bad_ground_truth():
         gsm8k.extract_answer("#### 7", method="lenient")
 
 
-def test_gsm8k_100kb_completion_is_fast():
+def test_gsm8k_scores_a_100kb_completion():  # its time: benchmarks/bounded_calls.py
     response = "1 " * (BIG // 2) + "#### 42"
-    start = time.perf_counter()
     assert gsm8k.compute_score(response, "42")["score"] == 1.0
     assert gsm8k.compute_score(response, "42", method="flexible")["score"] == 1.0
-    assert time.perf_counter() - start < 1.0
 
 
 # ---------------------------------------------------------------------------- math
@@ -217,12 +213,10 @@ def test_countdown_exact_fractions_and_repeated_numbers():
         countdown.compute_score("<answer>1</answer>", [1, 2])
 
 
-def test_countdown_100kb_answer_is_refused_quickly():
-    start = time.perf_counter()
+def test_countdown_refuses_a_100kb_answer():  # its time: benchmarks/bounded_calls.py
     deep = "<answer>" + "(" * (BIG // 2) + "5" + ")" * (BIG // 2) + "</answer>"
-    assert countdown.compute_score(deep, CD)["score"] == 0.1
+    assert countdown.compute_score(deep, CD)["score"] == 0.1  # no RecursionError
     assert countdown.compute_score("x" * BIG, CD)["score"] == 0.0
-    assert time.perf_counter() - start < 1.0
 
 
 # ---------------------------------------------------------------------------- knights and knaves

@@ -160,10 +160,8 @@ def test_proc_shows_no_process_of_the_host(tool):
 
 def test_the_disk_quota_holds_and_is_reported(tool):
     code = "for i in range(100):\n    open(f'f{i}', 'wb').write(b'x' * 500_000)"
-    start = time.perf_counter()
-    message = _error(tool, code)
+    message = _error(tool, code)  # the quota's error, not the time limit's
     assert "filled its 2 MiB of disk" in message and "No space left" in message
-    assert time.perf_counter() - start < 5
 
 
 def _kill_when_it_runs(marker: str) -> None:

@@ -184,7 +184,7 @@ def test_bad_flow_input_is_a_one_line_error(flow_workspace, tmp_path, capsys, ex
     assert message in err and "Traceback" not in err
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_a_flow_run_on_a_gpu_checkpoints_what_a_cpu_run_resumes(flow_workspace, tmp_path):
     run = tmp_path / "run"
     extra = ("trainer.total_training_steps=2", "actor.beta=0.1", "actor.ema=true",
