@@ -108,6 +108,7 @@ def check(shape: str, args, work: Path, device: torch.device, checkpointing: boo
     from lmrl.models import load_tokenizer
     from lmrl.rollout.base import SamplingParams
     from lmrl.trainer.memory_plan import plan_memory
+    from lmrl.trainer.plan import RunPlan
     from lmrl.workers.build import build_workers
 
     path = work / shape
@@ -124,11 +125,17 @@ def check(shape: str, args, work: Path, device: torch.device, checkpointing: boo
          f"model.enable_gradient_checkpointing={str(checkpointing).lower()}"],
         required=("model.path",),
     )  # fmt: skip
-    plan = plan_memory(cfg)
+    run_plan = RunPlan.from_config(cfg, device.type)
+    plan = plan_memory(run_plan)
     predicted = {ph.name: ph.total for ph in plan.phases}
     start = time.perf_counter()
     workers = build_workers(
-        cfg, load_tokenizer(str(path)), device, total_steps=10, roles=frozenset({"actor"})
+        cfg,
+        run_plan.workers,
+        load_tokenizer(str(path)),
+        device,
+        total_steps=10,
+        roles=frozenset({"actor"}),
     )
     actor, engine = workers.actor, workers.engine
     g = torch.Generator().manual_seed(0)

@@ -21,7 +21,9 @@ from lmrl.config import load_config
 from lmrl.models import build_tiny_model, load_tokenizer
 from lmrl.models.memory import LiveTensorBytes, ModelShape, format_bytes
 from lmrl.models.tiny import save_model, tiny_config
-from lmrl.trainer.memory_plan import PARTS, load_plan_config, plan_memory
+from lmrl.trainer.memory_plan import PARTS, load_plan_config
+from lmrl.trainer.memory_plan import plan_memory as plan_of_run
+from lmrl.trainer.plan import RunPlan
 from lmrl.workers.build import build_workers
 
 B, P, T, MICRO = 4, 48, 48, 2
@@ -45,6 +47,11 @@ def models(tmp_path_factory):
     big_vocab = tiny_config("qwen2", "small", vocab_size=151936)
     models["small-v152k"] = save_model(big_vocab, root / "small-v152k")
     return models
+
+
+def plan_memory(cfg, device_memory=None, **kwargs):
+    """``lmrl plan``'s memory plan of ``cfg``: through the run's plan, as the command makes it."""
+    return plan_of_run(RunPlan.from_config(cfg), device_memory, **kwargs)
 
 
 def run_config(path, *overrides):
@@ -86,7 +93,8 @@ def measured_update_peak(cfg) -> int:
     """Peak live tensor bytes of the second actor update of the worker the trainer builds."""
     torch.manual_seed(0)
     workers = build_workers(
-        cfg, load_tokenizer(cfg.model.path), torch.device("cpu"), total_steps=10,
+        cfg, RunPlan.from_config(cfg, "cpu").workers, load_tokenizer(cfg.model.path),
+        torch.device("cpu"), total_steps=10,
         roles=frozenset({"actor"}),
     )  # fmt: skip
     actor, batch = workers.actor, update_batch()
@@ -131,11 +139,14 @@ def test_actor_update_within_20_percent_of_measured(models, size, overrides):
 def test_phases_and_parts(models):
     cfg = run_config(
         models["small"], "algorithm.adv_estimator=gae", "actor.use_kl_loss=true",
-        "rollout.log_prob_micro_batch_size=4",
+        "rollout.log_prob_micro_batch_size=4", "actor.ppo_epochs=2",
     )  # fmt: skip
     plan = plan_memory(cfg)
     names = [p.name for p in plan.phases]
     assert names == ["rollout", "old log-probs", "ref", "critic update", "actor update"]
+    # one epoch of one mini-batch: the old log-probs come from the update, as in the run
+    one_pass = plan_memory(run_config(models["small"], "algorithm.adv_estimator=gae"))
+    assert [p.name for p in one_pass.phases] == ["rollout", "critic update", "actor update"]
     for phase in plan.phases:
         assert set(phase.parts) == set(PARTS)
         assert all(v >= 0 for v in phase.parts.values())

@@ -18,7 +18,7 @@ import torch
 
 from lmrl.batch import Batch
 from lmrl.config import TrainerConfig, load_config
-from lmrl.trainer import RunParts, StepPlan, Trainer
+from lmrl.trainer import RunParts, RunPlan, Trainer
 
 B, T, P = 4, 4, 2
 SCORES = torch.tensor([1.0, 0.0, 0.0, 1.0])
@@ -89,7 +89,7 @@ class FakeReward:
         pass
 
 
-def parts(plan: StepPlan, actor: FakeActor) -> RunParts:
+def parts(plan: RunPlan, actor: FakeActor) -> RunParts:
     sampler = SimpleNamespace(next_batch=lambda: [0, 1], epoch=0)
     return RunParts(
         config=None, plan=plan, run_dir=None, resume_from=None, config_changes=[],
@@ -103,7 +103,7 @@ def parts(plan: StepPlan, actor: FakeActor) -> RunParts:
 
 
 @pytest.fixture
-def plan(tmp_path) -> StepPlan:
+def plan(tmp_path) -> RunPlan:
     cfg = load_config(
         None,
         [
@@ -113,7 +113,7 @@ def plan(tmp_path) -> StepPlan:
         ],
         required=(),
     )  # fmt: skip
-    return StepPlan.from_config(cfg)
+    return RunPlan.from_config(cfg)
 
 
 def test_token_rejection_of_the_last_token_keeps_the_outcome_score(plan):
@@ -176,8 +176,10 @@ def test_bypass_uses_the_rollout_log_probs(plan):
 def test_one_place_decides_whether_old_log_probs_come_from_the_update(
     plan, change, rows, step, shares, expected
 ):
-    assert plan.update_rows == 4
-    assert (
-        dataclasses.replace(plan, **change).old_log_probs_from_update(rows, step, shares)
-        is expected
+    assert plan.update_rows == 4 and plan.engine_shares_weights
+    plan = dataclasses.replace(plan, engine_shares_weights=shares, **change)
+    assert plan.old_log_probs_from_update(rows, step) is expected
+    # the plan lists the stage exactly when the step runs it
+    assert ("old_log_prob" in plan.stages(step, rows)) is not (
+        expected or plan.log_prob_mode == "bypass"
     )

@@ -35,14 +35,19 @@ class Registry(Generic[F]):
         self.family = family
         self._entries: dict[str, F] = {}
         self._needs: dict[str, frozenset[str]] = {}
+        self._traits: dict[str, frozenset[str]] = {}
 
-    def register(self, name: str, *, needs: tuple[str, ...] = ()) -> Callable[[F], F]:
+    def register(
+        self, name: str, *, needs: tuple[str, ...] = (), traits: tuple[str, ...] = ()
+    ) -> Callable[[F], F]:
         """Decorator registering ``fn`` under ``name``.
 
         Args:
             name: the recipes' name for it.
             needs: optional inputs this entry cannot do without (e.g. an estimator's
                 ``values``), so callers can prepare them without branching on the name.
+            traits: what this entry does that others may not (e.g. an engine's
+                ``reports_rows``), so a plan asks the registry instead of the name.
         """
 
         def decorator(fn: F) -> F:
@@ -50,6 +55,7 @@ class Registry(Generic[F]):
                 raise ValueError(f"{self.family} {name!r} is already registered")
             self._entries[name] = fn
             self._needs[name] = frozenset(needs)
+            self._traits[name] = frozenset(traits)
             return fn
 
         return decorator
@@ -57,6 +63,10 @@ class Registry(Generic[F]):
     def needs(self, name: str) -> frozenset[str]:
         """The inputs ``name`` requires (declared at registration)."""
         return self._needs[self.canonical(name)]
+
+    def traits(self, name: str) -> frozenset[str]:
+        """What ``name`` does that others may not (declared at registration)."""
+        return self._traits[self.canonical(name)]
 
     def canonical(self, name: str) -> str:
         """The registered name that ``name`` (possibly an alias) stands for."""

@@ -90,13 +90,16 @@ def _oom_plan(cfg) -> str:
     """What `lmrl plan` says of ``cfg`` on this device, for an out-of-memory error."""
     import torch
 
+    from lmrl.models import resolve_device
     from lmrl.trainer.memory_plan import plan_memory
+    from lmrl.trainer.plan import RunPlan
 
     total = None
     if cfg.trainer.device != "cpu" and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     try:
-        return plan_memory(cfg, total).summary()
+        run_plan = RunPlan.from_config(cfg, resolve_device(cfg.trainer.device).type)
+        return plan_memory(run_plan, total).summary()
     except Exception as err:  # the plan must never hide the error it explains
         return f"(no memory plan: {err})"
 
@@ -110,8 +113,10 @@ def _plan_options(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    """``lmrl plan [CONFIG] key=value ... [--device-memory SIZE] [--json]``: the memory plan
-    of `lmrl.trainer.memory_plan`, from the config and the models' config.json alone."""
+    """``lmrl plan [CONFIG] key=value ... [--device-memory SIZE] [--json]``: the run's plan
+    (`lmrl.trainer.plan.RunPlan`: the stages a step runs and the choices behind them) and its
+    memory plan (`lmrl.trainer.memory_plan`), from the config and the models' config.json
+    alone."""
     import json
 
     from lmrl.models.memory import parse_size
@@ -134,14 +139,16 @@ def _plan(args: argparse.Namespace) -> int:
         except ValueError as err:
             raise LmrlError(f"--device-memory: {err}") from None
     from lmrl.trainer.memory_plan import load_plan_config, plan_memory
+    from lmrl.trainer.plan import RunPlan
 
-    cfg = load_plan_config(config, overrides)
-    plan = plan_memory(cfg, device_memory)
+    run_plan = RunPlan.from_config(load_plan_config(config, overrides))
+    plan = plan_memory(run_plan, device_memory)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=1))
+        print(json.dumps({**plan.to_dict(), "run": run_plan.summary().splitlines()}, indent=1))
         return 0
     from rich.console import Console
 
+    print(run_plan.summary())
     Console(width=max(Console().width, 100)).print(plan.table())
     print(plan.summary())
     return 0

@@ -60,7 +60,9 @@ from lmrl.batch.schema import keys as schema_keys
 from lmrl.errors import ToolRunError
 from lmrl.rollout.base import (
     CallSeeds,
+    EngineView,
     RolloutEngine,
+    RowDone,
     SamplingParams,
     check_prompts,
     finish_rollout,
@@ -317,8 +319,9 @@ class AgentLoop(RolloutEngine):
         self._in_flight = CallsInFlight(self.tools, tool_timeout_s, tool_workers, pipeline_groups)
         self._checked: set[str] = set()  # tools whose first batch was judged
         self._rollouts = 0
-        self.shares_weights = getattr(engine, "shares_weights", True)
-        self.pad_id = getattr(engine, "pad_id", 0)
+        self.shares_weights = engine.shares_weights
+        self.pad_id = engine.pad_id
+        self._row_done: RowDone | None = None
         self._seeds = CallSeeds(None)  # for unseeded calls of an engine without its own
         self.eos_ids = getattr(engine, "eos_ids", [])
         if isinstance(format, ChatFormat):

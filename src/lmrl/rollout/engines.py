@@ -23,7 +23,11 @@ __all__ = ["ENGINES", "build_engine", "engine_options", "with_tools"]
 ENGINES: Registry = Registry("rollout engine")
 
 
-@ENGINES.register("hf")
+# traits: ``shares_weights``, it may generate with the actor's own module (then its log-probs
+# are the actor's); ``reports_rows``, it reports each row as it stops (`HFEngine.row_done`);
+# ``reserves_memory``, it holds a share of the device of its own (vLLM's
+# ``gpu_memory_utilization``)
+@ENGINES.register("hf", traits=("shares_weights", "reports_rows"))
 def _hf_engine(
     model: nn.Module, tokenizer=None, *, dtype: str | None = None, follow: bool = True, **options
 ):
@@ -38,7 +42,7 @@ def _hf_engine(
     return CopyEngine(model, tokenizer, dtype=dtype, follow=follow, **options)
 
 
-@ENGINES.register("vllm")
+@ENGINES.register("vllm", traits=("reserves_memory",))
 def _vllm_engine(model: nn.Module, tokenizer=None, **options) -> RolloutEngine:
     """The vLLM engine (`lmrl.rollout.vllm.VLLMEngine`), imported only when asked for.
 

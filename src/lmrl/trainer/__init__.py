@@ -1,6 +1,7 @@
 """The programs of the run loop (`lmrl.run`), and the RL step's own parts.
 
-- RL: ``build_run(cfg)`` (``trainer/build.py``) assembles a run's parts into a frozen
+- RL: ``RunPlan.from_config(cfg)`` (``trainer/plan.py``) decides the run's shape once;
+  ``build_run(cfg)`` (``trainer/build.py``) assembles a run's parts into a frozen
   ``RunParts``; ``Trainer(parts, cfg.trainer)`` (``trainer/trainer.py``) is the step over them.
 - ``evaluate(cfg, checkpoint)``: ``lmrl eval``, validation on the parts without a trainer.
 - SFT: ``build_sft`` and ``SFTTrainer`` (``trainer/sft.py``): ``lmrl sft``, the warm start.
@@ -14,7 +15,7 @@ from lmrl._lazy import lazy_exports
 
 _EXPORTS = {
     "RunParts": "lmrl.trainer.build",
-    "StepPlan": "lmrl.trainer.build",
+    "RunPlan": "lmrl.trainer.plan",
     "build_run": "lmrl.trainer.build",
     "evaluate": "lmrl.trainer.build",
     "Trainer": "lmrl.trainer.trainer",

@@ -9,27 +9,24 @@ checks every data source and ground truth against its scorers), the trackers las
 
 from __future__ import annotations
 
-import functools
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from lmrl.algos import advantage_estimators, make_kl_controller
+from lmrl.algos import make_kl_controller
 from lmrl.config import Config, ConfigError, config_to_dict
-from lmrl.config.schema import FilterGroupsConfig, RolloutCorrectionConfig
 from lmrl.data import PromptSampler, RLDataset
 from lmrl.logging import make_trackers
 from lmrl.models import (
     load_tokenizer,
     resolve_device,
 )
-from lmrl.rollout import SamplingParams
 from lmrl.run.checkpoint import load_model_state
 from lmrl.run.resume import RunStart, open_run
+from lmrl.trainer.plan import RunPlan
 from lmrl.trainer.stages import validate
 from lmrl.workers.build import build_workers, seed_everything
 from lmrl.workers.reward import build_reward
@@ -46,140 +43,13 @@ log = logging.getLogger("lmrl.trainer")
 
 
 @dataclass(frozen=True)
-class StepPlan:
-    """What the step needs from the config, decided once (the step never reads the config).
-
-    Attributes:
-        n: samples per prompt.
-        train_batch_size: prompts per step (groups kept, under dynamic sampling).
-        max_response_length: tokens generated at most per sample.
-        sampling: training sampling; the step adds a seed per (step, generation round).
-        greedy: one greedy sample per prompt (ReMax's baseline).
-        val_sampling, val_n, val_batch_size: validation sampling, samples per prompt, and
-            prompts per generation call (None = all).
-        log_prob_mode: ``decoupled``, ``bypass`` or ``rollout_correction``.
-        correction: the rollout-correction settings.
-        estimator: the advantage estimator with its hyperparameters bound.
-        estimator_needs: batch keys the estimator reads beyond rewards and mask.
-        kl_penalty: the KL estimator of KL-in-reward.
-        filter_groups: DAPO dynamic sampling.
-        update_rows: rows of one actor mini-batch when the update is a single pass (one epoch,
-            and the update's first forward sees the weights the rollout saw); 0 otherwise.
-        critic_warmup: steps that update only the critic.
-        seed: the run's seed.
-        reward_chunks: generation calls per step, each scored as it finishes
-            (``reward.overlap.chunks``).
-        reward_rows: each sample scored as it stops (``reward.overlap.rows``).
-        reward_deferred: the scores are awaited only by the advantages
-            (``reward.overlap.log_probs``).
-    """
-
-    n: int
-    train_batch_size: int
-    max_response_length: int
-    sampling: SamplingParams
-    greedy: SamplingParams
-    val_sampling: SamplingParams
-    val_n: int
-    val_batch_size: int | None
-    log_prob_mode: str
-    correction: RolloutCorrectionConfig
-    estimator: Callable
-    estimator_needs: frozenset[str]
-    kl_penalty: str
-    filter_groups: FilterGroupsConfig
-    update_rows: int
-    critic_warmup: int
-    seed: int
-    reward_chunks: int = 1
-    reward_rows: bool = False
-    reward_deferred: bool = False
-
-    def old_log_probs_from_update(self, rows: int, step: int, shares_weights: bool) -> bool:
-        """Whether this step's old log-probs are taken from the actor update's own first
-        forward instead of a separate pass: the one place that decides it.
-
-        They are, exactly, when the log-probs are decoupled and the update is a single pass over
-        one mini-batch (one epoch, no KL in the reward: ``update_rows > 0``) of at most
-        ``update_rows`` rows, the actor updates at this step (past ``critic_warmup``), and the
-        engine generated with the actor's own module (``shares_weights``; else the separate
-        pass also measures the engine's gap).
-
-        Args:
-            rows: rows of the step's batch.
-            step: steps done before this one.
-            shares_weights: the rollout engine's ``shares_weights``.
-        """
-        return (
-            self.log_prob_mode == "decoupled"
-            and 0 < rows <= self.update_rows
-            and step >= self.critic_warmup
-            and shares_weights
-        )
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> StepPlan:
-        r, a, vk = cfg.rollout, cfg.algorithm, cfg.rollout.val_kwargs
-        stop = list(r.stop)
-        length = cfg.data.max_response_length
-        single_pass = (
-            cfg.actor.ppo_epochs == 1 and r.log_prob_mode == "decoupled" and not a.use_kl_in_reward
-        )
-        return cls(
-            n=r.n,
-            train_batch_size=cfg.data.train_batch_size,
-            max_response_length=length,
-            sampling=SamplingParams(
-                temperature=r.temperature,
-                top_p=r.top_p,
-                top_k=r.top_k,
-                max_new_tokens=length,
-                do_sample=r.do_sample,
-                stop=stop,
-                ignore_eos=r.ignore_eos,
-            ),
-            greedy=SamplingParams(
-                do_sample=False, max_new_tokens=length, temperature=r.temperature, stop=stop
-            ),
-            val_sampling=SamplingParams(
-                temperature=vk.temperature if vk.do_sample else (vk.temperature or 1.0),
-                top_p=vk.top_p,
-                top_k=vk.top_k,
-                max_new_tokens=length,
-                do_sample=vk.do_sample,
-                stop=stop,
-                seed=cfg.trainer.seed,
-            ),
-            val_n=vk.n,
-            val_batch_size=cfg.data.val_batch_size,
-            log_prob_mode=r.log_prob_mode,
-            correction=RolloutCorrectionConfig(**r.correction),
-            estimator=functools.partial(
-                advantage_estimators.get(a.adv_estimator),
-                gamma=a.gamma,
-                lam=a.lam,
-                norm_adv_by_std_in_grpo=a.norm_adv_by_std_in_grpo,
-            ),
-            estimator_needs=frozenset(advantage_estimators.needs(a.adv_estimator)),
-            kl_penalty=a.kl_penalty,
-            filter_groups=FilterGroupsConfig(**a.filter_groups),
-            update_rows=cfg.actor.ppo_mini_batch_size * r.n if single_pass else 0,
-            critic_warmup=cfg.trainer.critic_warmup,
-            seed=cfg.trainer.seed,
-            reward_chunks=cfg.reward.overlap["chunks"],
-            reward_rows=cfg.reward.overlap["rows"],
-            reward_deferred=cfg.reward.overlap["log_probs"],
-        )
-
-
-@dataclass(frozen=True)
 class RunParts:
     """Everything a run is made of. ``None`` marks a part the run does not use.
 
     Attributes:
         config: the resolved config the parts were built from (written as ``config.yaml``
             once the run starts).
-        plan: the step's settings.
+        plan: the run's shape (`lmrl.trainer.plan.RunPlan`), decided once from ``config``.
         run_dir: the run directory.
         resume_from: the checkpoint to resume from, or None for a fresh start.
         config_changes: ``(key, old, new)`` accepted with ``trainer.allow_config_change``.
@@ -201,7 +71,7 @@ class RunParts:
     """
 
     config: Config
-    plan: StepPlan
+    plan: RunPlan
     run_dir: Path
     resume_from: Path | None
     config_changes: list[tuple[str, Any, Any]]
@@ -261,29 +131,27 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
         start_step = start.start_step
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
+    plan = RunPlan.from_config(cfg, device.type)
     tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
     train_data = _dataset(cfg, cfg.data.train_files, tokenizer) if train else None
     val_data = _dataset(cfg, cfg.data.val_files, tokenizer) if cfg.data.val_files else None
     sampler, total_steps = None, 0
     if train_data is not None:
-        fg = cfg.algorithm.filter_groups
         sampler = PromptSampler(
-            len(train_data),
-            (cfg.data.gen_batch_size if fg["enable"] else None) or cfg.data.train_batch_size,
-            seed=cfg.data.seed,
-            shuffle=cfg.data.shuffle,
+            len(train_data), plan.gen_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
         )
-        per_epoch = len(train_data) // cfg.data.train_batch_size
-        total_steps = cfg.trainer.total_training_steps or per_epoch * cfg.trainer.total_epochs
+        per_epoch = len(train_data) // plan.train_batch_size
+        total_steps = plan.total_training_steps or per_epoch * plan.total_epochs
 
     backend = None
-    if train and cfg.trainer.backend == "ray":  # the workers live in Ray processes
+    if train and plan.models.backend == "ray":  # the workers live in Ray processes
         from lmrl.workers.backend import RayBackend
 
-        w = backend = RayBackend(cfg, total_steps)
+        w = backend = RayBackend(cfg, plan.workers, total_steps)
         policy = None
     else:
-        w = build_workers(cfg, tokenizer, device, total_steps=total_steps, train=train)
+        w = build_workers(cfg, plan.workers, tokenizer, device, total_steps=total_steps,
+                          train=train)  # fmt: skip
         policy = w.policy
     actor, critic, reference, engine = w.actor, w.critic, w.reference, w.engine
     reward = backend.reward if backend is not None else build_reward(cfg, tokenizer, device)
@@ -294,7 +162,7 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
         kl = cfg.algorithm.kl_ctrl
         kl_ctrl = (
             make_kl_controller(kl["type"], kl["kl_coef"], kl["target_kl"], kl["horizon"])
-            if train and cfg.algorithm.use_kl_in_reward
+            if train and plan.kl_in_reward
             else None
         )
         trackers = None
@@ -310,7 +178,7 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
             backend.close()
         raise
     return RunParts(
-        config=cfg, plan=StepPlan.from_config(cfg), run_dir=run_dir, resume_from=resume_from,
+        config=cfg, plan=plan, run_dir=run_dir, resume_from=resume_from,
         config_changes=changes, tokenizer=tokenizer, train_data=train_data, sampler=sampler,
         val_data=val_data, policy=policy, actor=actor, critic=critic, reference=reference,
         engine=engine, reward=reward, kl_ctrl=kl_ctrl, trackers=trackers,
@@ -351,4 +219,4 @@ def _dataset(cfg: Config, files, tokenizer) -> RLDataset:
     )  # fmt: skip
 
 
-__all__ = ["RunParts", "StepPlan", "build_run", "evaluate", "seed_everything"]
+__all__ = ["RunParts", "build_run", "evaluate", "seed_everything"]

@@ -1,8 +1,11 @@
 """``lmrl plan``: the peak device memory of each phase of an RL step, before any weights load.
 
-Read from the run's config and the models' ``config.json`` alone, with the per-model
-arithmetic of `lmrl.models.memory`. One row per phase of the step (DESIGN.md's pipeline), on
-one rank, and one column per part:
+Read from the run's plan (`lmrl.trainer.plan.RunPlan`, the object the run itself is built
+from) and the models' ``config.json`` alone, with the per-model arithmetic of
+`lmrl.models.memory`. One row per phase of the step that the run executes (`RunPlan.stages`:
+no old log-probs phase when they come from the update or the rollout, no ref phase for the
+full KL, whose reference runs inside the actor's update), on one rank, and one column per
+part:
 
 - ``params``: weights in the dtype the phase computes in (the fp32 masters themselves when
   there is no mixed precision; under mixed precision the compute copies: all of them in one
@@ -52,6 +55,8 @@ from lmrl.models.memory import (
     embedding_grad_bytes,
     format_bytes,
 )
+from lmrl.rollout.engines import ENGINES
+from lmrl.trainer.plan import RunPlan
 
 PARTS = ("params", "masters", "grads", "optimizer", "activations", "logprob", "kv_cache",
          "vllm", "resident")  # fmt: skip
@@ -225,34 +230,6 @@ def read_model_config(path: str | None, what: str = "model.path") -> dict[str, A
         raise ModelPathError(f"cannot read {file}: {err}") from err
 
 
-def _dtypes(cfg, device: str) -> tuple[int, int, bool]:
-    """``(master bytes, compute bytes, mixed)`` from ``model.dtype`` and
-    ``model.mixed_precision.param_dtype`` (auto = bfloat16 on CUDA, float32 on a CPU). A
-    config without ``mixed_precision`` computes in ``model.dtype`` (auto = bfloat16 on CUDA)."""
-    low = "bfloat16" if device == "cuda" else "float32"
-    mp = getattr(cfg.model, "mixed_precision", None)
-    param = getattr(mp, "param_dtype", None) if mp is not None else None
-    master = cfg.model.dtype
-    if param is None:
-        master = low if master == "auto" else master
-        return dtype_bytes(master), dtype_bytes(master), False
-    master = "float32" if master == "auto" else master
-    m, c = dtype_bytes(master), dtype_bytes(low if param == "auto" else param)
-    if param == "auto":  # never wider than the masters (lmrl.workers.precision's rule)
-        c = min(c, m)
-    return m, c, c != m
-
-
-def _device(cfg) -> str:
-    """The device planned for: ``trainer.device``, auto = cuda (a plan is a GPU question)."""
-    device = getattr(cfg.trainer, "device", "auto")
-    return "cuda" if device == "auto" else device
-
-
-def _sharded(cfg, strategy: str) -> bool:
-    return cfg.trainer.backend == "ray" and strategy in ("fsdp2", "fsdp")
-
-
 @dataclass(frozen=True)
 class _Model:
     """One model's states on a rank, in bytes."""
@@ -344,13 +321,15 @@ def _positive(value: int | None, default: int) -> int:
 
 
 def plan_memory(
-    cfg, device_memory: int | None = None, *, micro_batch: int | None = None
+    plan: RunPlan, device_memory: int | None = None, *, micro_batch: int | None = None
 ) -> MemoryPlan:
-    """The memory plan of a resolved ``Config`` (`lmrl.config.load_config`).
+    """The memory plan of a run's plan (`lmrl.trainer.plan.RunPlan.from_config`): one phase
+    per memory-bearing stage the run executes (`RunPlan.stages` at the first step that updates
+    the actor), sized from the models' ``config.json``.
 
     Args:
-        cfg: the run's config; ``model.path`` (and ``critic.model.path``) name local model
-            directories, of which only ``config.json`` is read.
+        plan: the run's plan; ``plan.models.path`` (and ``critic_path``) name local model
+            directories, of which only ``config.json`` is read. Nothing else of the config is.
         device_memory: bytes of one device; with it the plan says whether the step fits and
             the largest actor micro-batch that does.
         micro_batch: plan for this ``actor.ppo_micro_batch_size`` instead of the config's.
@@ -358,64 +337,62 @@ def plan_memory(
     Raises:
         ModelPathError: a model path without a readable ``config.json``.
     """
-    device = _device(cfg)
-    master, compute, mixed = _dtypes(cfg, device)
-    actor_cfg, critic_cfg = cfg.actor, cfg.critic
-    ranks = (
-        cfg.resources.n_gpus_per_node * cfg.resources.nnodes if cfg.trainer.backend == "ray" else 1
-    )
-    prompt, response = cfg.data.max_prompt_length, cfg.data.max_response_length
-    n = cfg.rollout.n
-    rows = (cfg.data.gen_batch_size or cfg.data.train_batch_size) * n
+    m, w = plan.models, plan.workers
+    assert m is not None, "a RunPlan made by RunPlan.from_config"
+    device = plan.device
+    master, compute = dtype_bytes(plan.dtypes[0]), dtype_bytes(plan.dtypes[1])
+    mixed = master != compute
+    # the stages of the first step that updates the actor (async: with the generation ahead)
+    stages = tuple(dict.fromkeys(plan.generation_stages + plan.stages(plan.critic_warmup)))
+    ranks = m.ranks
+    prompt, response = plan.max_prompt_length, plan.max_response_length
+    n = plan.n
+    rows = plan.gen_batch_size * n
     rows_per_rank = math.ceil(rows / ranks)
-    mini_per_rank = math.ceil(actor_cfg.ppo_mini_batch_size * n / ranks)
-    micro = _positive(micro_batch or actor_cfg.ppo_micro_batch_size, mini_per_rank)
-    checkpointing = cfg.model.enable_gradient_checkpointing
-    lora = cfg.model.lora_rank
+    mini_per_rank = math.ceil(w.actor.mini_batch_rows / ranks)
+    micro = _positive(micro_batch or w.actor.micro_batch_rows, mini_per_rank)
+    checkpointing = w.gradient_checkpointing
+    lora = m.lora_rank
+    actor_sharded, critic_sharded = m.sharded(m.strategy), m.sharded(m.critic_strategy)
 
-    shape = ModelShape.from_config(read_model_config(cfg.model.path))
+    shape = ModelShape.from_config(read_model_config(m.path))
     actor = _model_states(
-        shape, master=master, compute=compute, mixed=mixed, ranks=ranks,
-        sharded=_sharded(cfg, actor_cfg.strategy),
-        offload=_sharded(cfg, actor_cfg.strategy) and actor_cfg.offload != "none",
-        lora_rank=lora, target_modules=cfg.model.target_modules,
+        shape, master=master, compute=compute, mixed=mixed, ranks=ranks, sharded=actor_sharded,
+        offload=actor_sharded and m.offload != "none", lora_rank=lora,
+        target_modules=m.target_modules,
     )  # fmt: skip
     critic = None
-    if critic_cfg.enable:
-        critic_shape = ModelShape.from_config(
-            read_model_config(critic_cfg.model.path or cfg.model.path, "critic.model.path")
-        )
+    if w.critic:
+        critic_shape = ModelShape.from_config(read_model_config(m.critic_path, "critic.model.path"))
         critic = _model_states(
             critic_shape, master=master, compute=compute, mixed=mixed, ranks=ranks,
-            sharded=_sharded(cfg, critic_cfg.strategy),
-            offload=_sharded(cfg, critic_cfg.strategy) and critic_cfg.offload != "none",
+            sharded=critic_sharded, offload=critic_sharded and m.critic_offload != "none",
             value_head=True,
         )  # fmt: skip
     # autocast over fp32 masters keeps an fp32 residual stream; FSDP2 casts the weights
-    actor_stream = 4 if mixed and not _sharded(cfg, actor_cfg.strategy) else compute
-    critic_stream = 4 if mixed and not _sharded(cfg, critic_cfg.strategy) else compute
-    colocated_critic = critic is not None and cfg.resources.critic_workers == 0
-    needs_ref = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    actor_stream = 4 if mixed and not actor_sharded else compute
+    critic_stream = 4 if mixed and not critic_sharded else compute
+    colocated_critic = critic is not None and not w.separate_critic
     ref = None
-    if needs_ref and not lora:  # with LoRA the reference is the adapter disabled
+    if w.reference == "frozen_copy":  # with LoRA the reference is the adapter disabled
         ref = _model_states(
             shape, master=master, compute=compute, mixed=mixed, ranks=ranks,
-            sharded=_sharded(cfg, actor_cfg.strategy), offload=False, trains=False,
+            sharded=actor_sharded, offload=False, trains=False,
         )  # fmt: skip
     resident_critic = critic.resident if colocated_critic else 0
     resident_ref = ref.stored if ref is not None else 0
 
     # the hf engine's own copy of the weights in rollout.dtype, when it differs
-    rollout_dtype = getattr(cfg.rollout, "dtype", None)
+    rollout_dtype = m.rollout_dtype
     rollout_bytes = compute
     if isinstance(rollout_dtype, str) and rollout_dtype in DTYPE_BYTES:
         rollout_bytes = dtype_bytes(rollout_dtype)
-    vllm = cfg.rollout.name == "vllm"
+    vllm = "reserves_memory" in ENGINES.traits(m.engine)
     rollout_copy = 0
     if not vllm and rollout_dtype and rollout_bytes != master:
         rollout_copy = shape.num_params() * rollout_bytes
     # vLLM keeps its share between rollouts unless it sleeps (free_cache_engine)
-    vllm_opts = cfg.rollout.vllm if isinstance(cfg.rollout.vllm, dict) else {}
+    vllm_opts = m.engine_options
     share = float(vllm_opts.get("gpu_memory_utilization", 0.5)) if vllm else 0.0
     vllm_awake = 0
     if vllm and not vllm_opts.get("free_cache_engine", True) and device_memory:
@@ -447,7 +424,7 @@ def plan_memory(
                 )
         else:
             copies = rollout_copy or actor.full_copy
-            if actor.mixed and not _sharded(cfg, actor_cfg.strategy) and not rollout_copy:
+            if actor.mixed and not actor_sharded and not rollout_copy:
                 # the hf engine decodes in inference mode, and there autocast's casts do not
                 # accumulate: one layer's linear weights and the head's at a time (the plan of
                 # every cast held over-counted the rollout by 9-13% on an H200, this one is
@@ -471,8 +448,8 @@ def plan_memory(
             note = f"{rows_per_rank} sequences x {prompt + response} tokens"
         out.append(Phase("rollout", parts, note))
         # 2. old log-probs (no grad)
-        log_micro = _positive(cfg.rollout.log_prob_micro_batch_size, rows_per_rank)
-        if cfg.rollout.log_prob_mode != "bypass":
+        log_micro = _positive(w.log_prob_micro_batch_size, rows_per_rank)
+        if "old_log_prob" in stages:
             acts, lp = _forward_bytes(shape, log_micro, prompt, response, compute, grad=False,
                                       checkpointing=False, stream=actor_stream, master=master,
                                       device=device)  # fmt: skip
@@ -480,8 +457,8 @@ def plan_memory(
             parts.update(activations=acts, logprob=lp, resident=others)
             out.append(Phase("old log-probs", parts, f"micro-batch {log_micro}, no grad"))
         # 3. reference log-probs
-        if needs_ref:
-            ref_micro = _positive(cfg.ref.log_prob_micro_batch_size, log_micro)
+        if "ref" in stages:
+            ref_micro = _positive(w.ref_micro_batch_size, log_micro)
             acts, lp = _forward_bytes(shape, ref_micro, prompt, response, compute, grad=False,
                                       checkpointing=False, stream=actor_stream, master=master,
                                       device=device)  # fmt: skip
@@ -506,7 +483,7 @@ def plan_memory(
             parts.update(activations=acts, logprob=values, resident=resident)
             out.append(Phase("critic update", parts, f"micro-batch {c_micro}"))
         # 5. actor update
-        full_kl = cfg.actor.use_kl_loss and cfg.actor.kl_loss_type == "full"
+        full_kl = w.ref_in_update
         acts, lp = _forward_bytes(shape, micro, prompt, response, compute, grad=True,
                                   checkpointing=checkpointing, lora_rank=lora,
                                   head_trains=actor.head_trains, stream=actor_stream,
@@ -519,7 +496,8 @@ def plan_memory(
         out.append(Phase("actor update", parts, f"micro-batch {micro}, {gc} checkpointing"))
         return out
 
-    c_micro = _positive(micro_batch or critic_cfg.ppo_micro_batch_size, mini_per_rank)
+    critic_micro = w.critic_update.micro_batch_rows if w.critic_update is not None else 0
+    c_micro = _positive(micro_batch or critic_micro, mini_per_rank)
     phases = phases_for(micro, c_micro)
     largest = None
     if device_memory is not None:
@@ -536,13 +514,14 @@ def plan_memory(
                 lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
             largest = lo
     settings = {
-        "model": cfg.model.path, "device": device, "master_bytes": master,
+        "model": m.path, "device": device, "master_bytes": master,
         "compute_bytes": compute, "mixed_precision": mixed, "lora_rank": lora,
-        "gradient_checkpointing": checkpointing, "strategy": actor_cfg.strategy,
-        "offload": actor_cfg.offload, "rollout": cfg.rollout.name, "rollout_n": n,
+        "gradient_checkpointing": checkpointing, "strategy": m.strategy,
+        "offload": m.offload, "rollout": m.engine, "rollout_n": n,
         "params": shape.num_params(),
-        "trainable_params": shape.lora_params(lora, cfg.model.target_modules) if lora
+        "trainable_params": shape.lora_params(lora, m.target_modules) if lora
         else shape.num_params(),
+        "stages": list(stages), "reference": plan.reference,
     }  # fmt: skip
     return MemoryPlan(
         phases=phases, ranks=ranks, micro_batch=micro,

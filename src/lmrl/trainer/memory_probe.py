@@ -133,7 +133,7 @@ def _worst_step(parts, max_prompt_length: int) -> Batch:
     batch["old_log_probs"], _ = parts.actor.compute_log_probs(batch)
     if parts.reference is not None:
         batch["ref_log_probs"] = parts.reference.compute_log_probs(batch)
-    rows = parts.config.actor.ppo_mini_batch_size * plan.n  # one mini-batch
+    rows = plan.workers.actor.mini_batch_rows  # one mini-batch
     update = batch.index(slice(0, min(rows, len(batch))))
     zeros = torch.zeros_like(update["old_log_probs"])
     update["advantages"], update["returns"] = zeros, zeros

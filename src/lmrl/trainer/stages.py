@@ -29,10 +29,10 @@ log = logging.getLogger("lmrl.trainer")
 
 def scoring_thread(plan) -> ThreadPoolExecutor | None:
     """The run's thread for rewards in flight, where the plan overlaps scoring with anything
-    (``reward.in_flight_chunks`` > 1, ``in_flight_rows`` or ``launch_async``), else None. One
+    (``reward.overlap.chunks`` > 1, ``overlap.rows`` or ``overlap.log_probs``), else None. One
     for the whole run: the reward's worker processes live as long as the thread that started
     them."""
-    if plan.reward_chunks > 1 or plan.reward_rows or plan.reward_deferred:
+    if plan.scoring_thread:
         return ThreadPoolExecutor(1, thread_name_prefix="lmrl-reward")
     return None
 
@@ -224,9 +224,11 @@ def generate(
         return batch, prompts
 
 
-def _generate_rows(engine, prompts: Batch, sampling, offset: int, n: int, scoring: Scoring):
+def _generate_rows(
+    engine: EngineRole, prompts: Batch, sampling, offset: int, n: int, scoring: Scoring
+) -> Batch:
     """One generation call whose rows are handed to ``scoring`` as they stop
-    (``reward.in_flight_rows``, through the engine's ``row_done``); rows the engine did not
+    (``reward.overlap.rows``, through the engine's ``set_row_done``); rows the engine did not
     report are handed over when the call returns."""
     reported = np.zeros(len(prompts) * n, dtype=bool)
 
@@ -235,11 +237,11 @@ def _generate_rows(engine, prompts: Batch, sampling, offset: int, n: int, scorin
         scoring.submit(block, offset * n + local)
         reported[local] = True
 
-    engine.row_done = row_done
+    engine.set_row_done(row_done)
     try:
         out = engine.generate(prompts, n, sampling, prompt_offset=offset)
     finally:
-        engine.row_done = None
+        engine.set_row_done(None)
     rest = np.flatnonzero(~reported)
     if len(rest):
         scoring.submit(out.index(torch.as_tensor(rest)), offset * n + rest)

@@ -3,8 +3,8 @@
     1 rollout     prompts -> n responses each (plus a greedy baseline when the estimator
                   needs ``reward_baselines``, i.e. ReMax)
     2 reward      token_level_scores (DAPO dynamic sampling loops 1-2 until the batch is full);
-                  scored as rows stop or calls finish (``reward.in_flight_rows`` and
-                  ``in_flight_chunks``), awaited only at 6 under ``reward.launch_async``
+                  scored as rows stop or calls finish (``reward.overlap.rows`` and
+                  ``overlap.chunks``), awaited only at 6 under ``reward.overlap.log_probs``
     3 old_log_prob  decoupled (recomputed), bypass (the rollout's own) or rollout correction
                   (which writes its rejections to ``loss_mask``, never over ``response_mask``)
     4 ref         ref_log_probs, when a KL term is on
@@ -19,7 +19,7 @@ new weights over after its update.
 
 The trainer builds nothing: ``lmrl.trainer.build.build_run`` hands it the parts, and it never
 branches on an algorithm's name (what a stage prepares comes from the registries, through the
-parts' ``StepPlan``). Around the step: validation, checkpoints with exact resume, metrics, and
+parts' ``RunPlan``, which also lists the stages a step runs: `RunPlan.stages`). Around the step: validation, checkpoints with exact resume, metrics, and
 the signals and save failures that must never cost finished work.
 """
 
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -58,15 +57,14 @@ log = logging.getLogger("lmrl.trainer")
 
 
 def rollout_ahead(parts: RunParts, on_stage=None) -> RolloutAhead | None:
-    """The thread that generates ahead under ``async_training.enable``, else None."""
-    a = parts.config.async_training if parts.config is not None else None
-    if a is None or not a.enable:
+    """The thread that generates ahead under the plan's async schedule, else None."""
+    a = parts.plan.asynchronous
+    if a is None:
         return None
     from lmrl.trainer.ahead import RolloutAhead
 
-    return RolloutAhead(parts, math.ceil(a.staleness_threshold), a.trigger_parameter_sync_step,
-                        parts.total_steps, load=parts.engine.sync_weights,
-                        on_stage=on_stage)  # fmt: skip
+    return RolloutAhead(parts, a.staleness, a.sync_every, parts.total_steps,
+                        load=parts.engine.sync_weights, on_stage=on_stage)  # fmt: skip
 
 
 class Trainer(RunsOnLoop):
@@ -95,13 +93,13 @@ class Trainer(RunsOnLoop):
         self.last_batch: Batch | None = None
         # async_training: stages 1-2 run ahead in threads (lmrl.trainer.ahead); else None
         self.ahead = rollout_ahead(parts, self.on_stage)
-        # reward.in_flight_chunks / launch_async: the run's scoring thread, else None
+        # reward.overlap: the run's scoring thread, else None
         self._scoring = scoring_thread(parts.plan)
         self._pushed = False  # the weights the first batch ahead needs are handed over
         resume(self)
         self.probe_metrics: dict[str, float] = {}
         if wants_probe(cfg.memory_probe, str(resolve_device(cfg.device)), cfg.backend):
-            self.probe_metrics = run_memory_probe(parts, parts.config.data.max_prompt_length)
+            self.probe_metrics = run_memory_probe(parts, parts.plan.max_prompt_length)
 
     # ---------------------------------------------------------------------- step
     def step(self) -> dict[str, float]:
@@ -112,7 +110,7 @@ class Trainer(RunsOnLoop):
         with timer("step"), contextlib.ExitStack() as stack:
             # 1-2. rollout and reward (DAPO dynamic sampling may loop over both); with
             # async_training they ran ahead, with the weights of a version this step allows;
-            # with reward.launch_async the scoring is still under way (joined at 6)
+            # with reward.overlap.log_probs the scoring is still under way (joined at 6)
             scoring = None
             if self.ahead is None:
                 batch, scoring = rollout(p, self.global_step, timer, metrics, self._scoring)
@@ -123,9 +121,7 @@ class Trainer(RunsOnLoop):
             mask = batch["response_mask"]
 
             # 3. old log-probs: pi_old of the PPO ratio
-            own = plan.old_log_probs_from_update(
-                len(batch), self.global_step, p.engine.shares_weights
-            )
+            own = plan.old_log_probs_from_update(len(batch), self.global_step)
             if plan.log_prob_mode == "bypass":
                 batch["old_log_probs"] = batch["rollout_log_probs"]
             elif own:  # the update's first forward computes exactly these

@@ -25,7 +25,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from lmrl.algos import AggNorm, agg_loss, kl_estimators, kl_penalty, policy_losses
+from lmrl.algos import AggNorm, agg_loss, kl_penalty, policy_losses
 from lmrl.algos.losses import loss_hyperparameters
 from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
@@ -34,6 +34,7 @@ from lmrl.models import Reference, compute_log_probs, forward_log_probs
 from lmrl.models.forward import compute_device, forward_log_probs_and_kl
 from lmrl.models.layout import with_row_layout
 from lmrl.workers.optim import TrainableWorker
+from lmrl.workers.plan import UpdateShape, kl_in_update, update_shape
 
 UPDATE_KEYS = schema_keys(read_by="actor_update")  # what the update moves to the device
 
@@ -104,16 +105,20 @@ class ActorWorker(TrainableWorker):
         reference: Reference | None = None,
         dp=None,
         precision=None,
+        update: UpdateShape | None = None,
+        full_kl: bool | None = None,
     ) -> None:
         super().__init__(model, cfg.optim, total_steps, seed, dp, precision)
         self.cfg = cfg
         self.rollout_n = rollout_n
+        # the run's plan hands both in; a worker made on its own works them out by the same rule
+        self.update = update if update is not None else update_shape(cfg, rollout_n)
         self.max_response_length = max_response_length
         self.temperature = temperature
         self.log_prob_micro_batch_size = log_prob_micro_batch_size
         self.loss_fn = policy_losses.get(cfg.policy_loss["loss_mode"])
         self.loss_kwargs = policy_loss_kwargs(cfg)
-        self.full_kl = cfg.use_kl_loss and "logits" in kl_estimators.needs(cfg.kl_loss_type)
+        self.full_kl = kl_in_update(cfg) if full_kl is None else full_kl
         if self.full_kl and reference is None:
             raise ValueError(
                 "actor.kl_loss_type=full computes the KL against the reference model in each "
@@ -159,15 +164,15 @@ class ActorWorker(TrainableWorker):
                 one epoch or mini-batch, ``ref_log_probs`` missing for a sampled-token KL
                 loss, or a ``loss_mask`` that is not a bool subset of ``response_mask``.
         """
-        cfg = self.cfg
-        mini_size = cfg.ppo_mini_batch_size * self.rollout_n
+        cfg, shape = self.cfg, self.update
+        mini_size = shape.mini_batch_rows
         keys = UPDATE_KEYS
         if old_log_probs_from_update:
-            if cfg.ppo_epochs != 1 or len(batch) > mini_size:
+            if shape.epochs != 1 or len(batch) > mini_size:
                 raise ValueError(
                     "old_log_probs_from_update holds for one epoch of one mini-batch only (the "
                     f"weights change at each optimizer step); got actor.ppo_epochs="
-                    f"{cfg.ppo_epochs} and {len(batch)} rows for mini-batches of {mini_size}"
+                    f"{shape.epochs} and {len(batch)} rows for mini-batches of {mini_size}"
                 )
             keys = tuple(k for k in UPDATE_KEYS if k != "old_log_probs")
         elif "old_log_probs" not in batch:
@@ -186,10 +191,8 @@ class ActorWorker(TrainableWorker):
             _check_loss_mask(batch["loss_mask"], batch["response_mask"])
         totals: dict[str, list[torch.Tensor]] = defaultdict(list)
         skipped = 0
-        for mini in self.mini_batches(batch, cfg.ppo_epochs, cfg.shuffle, mini_size):
-            stats = self._accumulate(
-                mini, cfg.ppo_micro_batch_size or mini_size, old_log_probs_from_update
-            )
+        for mini in self.mini_batches(batch, shape.epochs, shape.shuffle, mini_size):
+            stats = self._accumulate(mini, shape.micro(), old_log_probs_from_update)
             grad_norm, stepped = self.step(cfg.grad_clip)
             skipped += not stepped
             stats["actor/grad_norm"] = grad_norm

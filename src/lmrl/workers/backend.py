@@ -18,6 +18,7 @@ import logging
 
 from lmrl.config import Config
 from lmrl.workers.group import RayWorkerGroup
+from lmrl.workers.plan import WorkerPlan
 from lmrl.workers.stand_ins import (
     GroupActor,
     GroupCritic,
@@ -43,41 +44,47 @@ class RayBackend:
             start (everything started so far is stopped first).
     """
 
-    def __init__(self, cfg: Config, total_steps: int) -> None:
+    def __init__(self, cfg: Config, plan: WorkerPlan, total_steps: int) -> None:
         from lmrl.workers.ray_cluster import RayCluster
 
-        rollout = cfg.resources.rollout_workers if cfg.async_training.enable else 0
+        rollout = cfg.resources.rollout_workers if plan.separate_rollout else 0
         self.cluster = RayCluster(cfg.resources, device=cfg.trainer.device, extra_workers=rollout)
         self.groups: list[RayWorkerGroup] = []
         self.cluster.start()
         try:
-            self._start(cfg, total_steps)
+            self._start(cfg, plan, total_steps)
         except BaseException:
             self.close()
             raise
 
-    def _start(self, cfg: Config, total_steps: int) -> None:
+    def _start(self, cfg: Config, plan: WorkerPlan, total_steps: int) -> None:
         r = cfg.resources
         use_gpu = self.cluster.use_gpu
         world = r.nnodes * r.n_gpus_per_node
-        separate_critic = cfg.critic.enable and r.critic_workers > 0
-        separate_rollout = cfg.async_training.enable
+        separate_critic, separate_rollout = plan.separate_critic, plan.separate_rollout
         roles = ["actor"] if separate_rollout else ["actor", "reward"]
-        if cfg.critic.enable and not separate_critic:
+        if plan.critic and not separate_critic:
             roles.append("critic")
-        main = RayWorkerGroup("actor", self.cluster, cfg, roles, world, use_gpu, total_steps)
+        main = RayWorkerGroup("actor", self.cluster, cfg, plan, roles, world, use_gpu, total_steps)
         self.groups.append(main)
         critic_group = main
         if separate_critic:
             critic_group = RayWorkerGroup(
-                "critic", self.cluster, cfg, ["critic"], r.critic_workers, use_gpu, total_steps
+                "critic",
+                self.cluster,
+                cfg,
+                plan,
+                ["critic"],
+                r.critic_workers,
+                use_gpu,
+                total_steps,
             )
             self.groups.append(critic_group)
         rollout_group = main
         if separate_rollout:
             rollout_group = RayWorkerGroup(  # scoring one batch while the next one generates
-                "rollout", self.cluster, cfg, ["rollout", "reward"], r.rollout_workers, use_gpu,
-                total_steps, concurrency=2,
+                "rollout", self.cluster, cfg, plan, ["rollout", "reward"], r.rollout_workers,
+                use_gpu, total_steps, concurrency=2,
             )  # fmt: skip
             self.groups.append(rollout_group)
         parts = set(main.infos[0]["parts"]) | set(critic_group.infos[0]["parts"])

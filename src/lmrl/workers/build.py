@@ -1,7 +1,7 @@
 """The workers of a run, built from its config: the same code for one process and for a rank.
 
 ``build_workers`` loads the policy (with LoRA), the reference, the actor, the critic and the
-rollout engine in the order ``build_run`` always used, so a rank of a Ray group, seeded the
+rollout engine that the run's `WorkerPlan` names, in the order ``build_run`` always used, so a rank of a Ray group, seeded the
 same way, starts from exactly the weights of the local run (a critic's value head is drawn
 from the global RNG right after the policy is loaded). The local backend calls it once in the
 driver; the Ray backend calls it in every rank with that rank's data parallelism.
@@ -23,6 +23,7 @@ from lmrl.rollout import build_engine
 from lmrl.rollout.engines import engine_options, with_tools
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
+from lmrl.workers.plan import WorkerPlan
 from lmrl.workers.precision import Precision, PrecisionEngine
 from lmrl.workers.reference import ReferenceWorker
 
@@ -56,6 +57,7 @@ class Workers:
 
 def build_workers(
     cfg: Config,
+    plan: WorkerPlan,
     tokenizer,
     device: torch.device,
     *,
@@ -67,7 +69,8 @@ def build_workers(
     """Load the models and wrap them in workers.
 
     Args:
-        cfg: the resolved config.
+        cfg: the resolved config (the models' paths and settings).
+        plan: which workers exist and their updates' shapes (`RunPlan.workers`).
         tokenizer: the policy's tokenizer (the engine decodes stop strings with it).
         device: where the models live.
         total_steps: training steps, for the learning-rate schedules.
@@ -86,8 +89,7 @@ def build_workers(
         policy = load_causal_lm(
             cfg.model.path, dtype=precision.master, device=device,
             trust_remote_code=cfg.model.trust_remote_code,
-            gradient_checkpointing=cfg.model.enable_gradient_checkpointing and train
-            and "actor" in roles,
+            gradient_checkpointing=plan.gradient_checkpointing and train and "actor" in roles,
         )  # fmt: skip
         policy = precision.prepare(policy)
         if cfg.model.lora_rank > 0:
@@ -97,42 +99,43 @@ def build_workers(
             policy.requires_grad_(False).eval()
     if train and "actor" in roles:
         # built before any update: a frozen copy of the initial policy, or LoRA disabled
-        if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
-            frozen = build_reference(policy)
+        if plan.reference != "none":
+            frozen = build_reference(policy)  # LoRA: the adapter off, else a frozen copy
             if not frozen.disable_adapter and dp is not None:  # LoRA: the actor's own base
                 # fsdp2 shards the copy too
                 frozen.model = dp.prepare_frozen(frozen.model, precision)
             reference = ReferenceWorker(
-                frozen, cfg.ref.log_prob_micro_batch_size, cfg.rollout.temperature, dp=dp,
+                frozen, plan.ref_micro_batch_size, cfg.rollout.temperature, dp=dp,
                 precision=precision,
             )  # fmt: skip
         actor = ActorWorker(
             policy, cfg.actor, rollout_n=cfg.rollout.n,
             max_response_length=cfg.data.max_response_length,
             temperature=cfg.rollout.temperature,
-            log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size,
+            log_prob_micro_batch_size=plan.log_prob_micro_batch_size,
             total_steps=total_steps, seed=cfg.trainer.seed,
             reference=reference.reference if reference is not None else None, dp=dp,
-            precision=precision,
+            precision=precision, update=plan.actor, full_kl=plan.ref_in_update,
         )  # fmt: skip
         policy = actor.model  # as the data parallelism prepared it
-        if not (cfg.algorithm.use_kl_in_reward or (cfg.actor.use_kl_loss and not actor.full_kl)):
+        if not plan.ref_stage:
             reference = None  # the full KL runs the reference inside the update: no ref stage
-    if train and "critic" in roles and cfg.critic.enable:
+    if train and "critic" in roles and plan.critic:
         critic_model = load_critic(
             cfg.critic.model.path, dtype=precision.master, device=device,
             trust_remote_code=cfg.model.trust_remote_code,
-            gradient_checkpointing=cfg.model.enable_gradient_checkpointing,
+            gradient_checkpointing=plan.gradient_checkpointing,
         )  # fmt: skip
         critic = CriticWorker(
             precision.prepare(critic_model), cfg.critic, rollout_n=cfg.rollout.n,
             max_response_length=cfg.data.max_response_length,
             total_steps=total_steps, seed=cfg.trainer.seed, dp=dp, precision=precision,
+            update=plan.critic_update,
         )  # fmt: skip
     if policy is not None:
         # an async run in one process generates ahead with the weights versions the trainer
         # hands over (lmrl.trainer.ahead), never with the weights being updated
-        ahead = train and cfg.async_training.enable and cfg.trainer.backend == "local"
+        ahead = train and not plan.engine_follows
         engine = build_engine(
             cfg.rollout.name, policy, tokenizer, seed=cfg.trainer.seed,
             **engine_options(cfg), **({"follow": False} if ahead else {}),

@@ -19,6 +19,7 @@ from lmrl.models.critic import compute_values, forward_values
 from lmrl.models.forward import compute_device
 from lmrl.models.layout import with_row_layout
 from lmrl.workers.optim import TrainableWorker
+from lmrl.workers.plan import UpdateShape, update_shape
 
 UPDATE_KEYS = schema_keys(read_by="critic_update")  # what the update moves to the device
 
@@ -41,10 +42,13 @@ class CriticWorker(TrainableWorker):
     def __init__(
         self, model: nn.Module, cfg, *, rollout_n: int, max_response_length: int,
         total_steps: int, seed: int = 0, dp=None, precision=None,
+        update: UpdateShape | None = None,
     ) -> None:  # fmt: skip
         super().__init__(model, cfg.optim, total_steps, seed + 1, dp, precision)
         self.cfg = cfg
         self.rollout_n = rollout_n
+        # the run's plan hands it in; a worker made on its own works it out by the same rule
+        self.update = update if update is not None else update_shape(cfg, rollout_n)
         self.max_response_length = max_response_length
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
@@ -60,19 +64,17 @@ class CriticWorker(TrainableWorker):
         Returns:
             ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/grad_norm``, ``critic/lr``.
         """
-        cfg = self.cfg
-        mini_size = cfg.ppo_mini_batch_size * self.rollout_n
+        cfg, shape = self.cfg, self.update
+        mini_size = shape.mini_batch_rows
         batch = with_row_layout(batch.select(*(k for k in UPDATE_KEYS if k in batch)))
         batch = batch.to(compute_device(self.model))  # from the driver's CPU
         totals: dict[str, list[torch.Tensor]] = defaultdict(list)
-        for mini in self.mini_batches(batch, cfg.ppo_epochs, cfg.shuffle, mini_size):
+        for mini in self.mini_batches(batch, shape.epochs, shape.shuffle, mini_size):
             norm = AggNorm.from_mask(
                 mini["response_mask"], loss_scale_factor=self.max_response_length
             )
             stats = {"loss": 0, "clipfrac": 0}  # this rank's shares of the mini-batch's
-            micros = self.dp.micro_batches(
-                self.dp.shard(mini), cfg.ppo_micro_batch_size or mini_size
-            )
+            micros = self.dp.micro_batches(self.dp.shard(mini), shape.micro())
             for i, micro in enumerate(micros):
                 mask = micro["response_mask"]
                 with self.dp.sync_grads(self.model, last=i == len(micros) - 1):

@@ -44,6 +44,7 @@ from lmrl.batch.schema import keys as schema_keys
 from lmrl.config import Config
 from lmrl.errors import LmrlError, WorkerError
 from lmrl.workers.dist import DDP, partition_rows
+from lmrl.workers.plan import WorkerPlan
 
 if TYPE_CHECKING:
     pass
@@ -130,8 +131,9 @@ class RankWorker:
         return host, free_port(host)
 
     def setup(
-        self, cfg: Config, roles: Sequence[str], master: tuple[str, int], total_steps: int
-    ) -> dict[str, Any]:
+        self, cfg: Config, plan: WorkerPlan, roles: Sequence[str], master: tuple[str, int],
+        total_steps: int,
+    ) -> dict[str, Any]:  # fmt: skip
         """Join the process group and build this rank's workers (seeded like the driver)."""
         import torch.distributed as dist
 
@@ -159,7 +161,7 @@ class RankWorker:
         tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
         roles = frozenset(roles)
         self.workers = build_workers(
-            cfg, tokenizer, device, total_steps=total_steps, roles=roles, dp=dp
+            cfg, plan, tokenizer, device, total_steps=total_steps, roles=roles, dp=dp
         )
         if "reward" in roles:
             from lmrl.workers.reward import build_reward
@@ -319,8 +321,8 @@ class RayWorkerGroup:
     DEATH_GRACE_S = 5.0  # how long a failure waits for a peer's death to be the one reported
 
     def __init__(
-        self, name: str, cluster, cfg: Config, roles: Sequence[str], world_size: int,
-        use_gpu: bool, total_steps: int, concurrency: int = 1,
+        self, name: str, cluster, cfg: Config, plan: WorkerPlan, roles: Sequence[str],
+        world_size: int, use_gpu: bool, total_steps: int, concurrency: int = 1,
     ) -> None:  # fmt: skip
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -349,7 +351,8 @@ class RayWorkerGroup:
         self.infos = self._gather([r.info.remote() for r in self.ranks], "start")
         master = self._gather([self.ranks[0].master_address.remote()], "start")[0]
         self.infos = self._gather(
-            [r.setup.remote(cfg, list(roles), master, total_steps) for r in self.ranks], "set-up"
+            [r.setup.remote(cfg, plan, list(roles), master, total_steps) for r in self.ranks],
+            "set-up",
         )
 
     # -- calls

@@ -32,7 +32,7 @@ from lmrl.errors import ModelError
 from lmrl.models.loading import DTYPES
 from lmrl.rollout.base import EngineView, RolloutEngine, RowDone, SamplingParams
 
-__all__ = ["LossScaler", "Precision", "PrecisionEngine"]
+__all__ = ["LossScaler", "Precision", "PrecisionEngine", "planned_dtypes"]
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -82,14 +82,8 @@ class Precision:
     def resolve(cls, dtype: str, mp, device: str | torch.device = "cpu") -> Precision:
         """`from_config` of a ``model.dtype`` value and a ``MixedPrecisionConfig``."""
         device_type = torch.device(device).type
-        master = torch.float32 if dtype == "auto" else DTYPES[dtype]
-        if mp.param_dtype == "auto":
-            bf16 = device_type == "cuda" and torch.cuda.is_bf16_supported()
-            compute = torch.bfloat16 if bf16 else torch.float32
-            if compute.itemsize >= master.itemsize or master == torch.float64:
-                compute = master  # float64 masters are exactness checks: float64 throughout
-        else:
-            compute = DTYPES[mp.param_dtype]
+        bf16 = device_type == "cuda" and torch.cuda.is_bf16_supported()
+        master, compute = _dtypes(dtype, mp.param_dtype, bf16)
         if compute != master and compute.itemsize >= master.itemsize:
             raise ModelError(
                 f"model.mixed_precision.param_dtype={mp.param_dtype} cannot compute over "
@@ -131,6 +125,27 @@ class Precision:
                 if buf is not None and buf.is_floating_point() and buf.dtype != self.buffer:
                     setattr(module, name, buf.to(self.buffer))
         return model
+
+
+def _dtypes(dtype: str, param_dtype: str, bf16: bool) -> tuple[torch.dtype, torch.dtype]:
+    """``(master, compute)`` of ``model.dtype`` and ``param_dtype`` where bf16 computes or
+    not: the one rule `Precision.resolve` and the run's plan (`planned_dtypes`) share."""
+    master = torch.float32 if dtype == "auto" else DTYPES[dtype]
+    if param_dtype != "auto":
+        return master, DTYPES[param_dtype]
+    compute = torch.bfloat16 if bf16 else torch.float32
+    if compute.itemsize >= master.itemsize or master == torch.float64:
+        compute = master  # float64 masters are exactness checks: float64 throughout
+    return master, compute
+
+
+def planned_dtypes(dtype: str, mp, device: str) -> tuple[str, str]:
+    """``(master, compute)`` dtype names a run on ``device`` (``cpu``/``cuda``) will use, as
+    `Precision.resolve` decides them, with bf16 taken as supported on CUDA (a plan is made
+    away from the GPU too). Nothing is checked here: the run's own resolve refuses what the
+    device cannot do."""
+    master, compute = _dtypes(dtype, mp.param_dtype, device == "cuda")
+    return _name(master), _name(compute)
 
 
 def _check_device(dtype: torch.dtype, device_type: str) -> None:
