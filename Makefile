@@ -22,7 +22,7 @@ typecheck: venv
 	$(PY) -m mypy
 
 test: venv typecheck
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15
 
 # digits, sort, add, count and compare x every advantage estimator learn by a margin (~18 min on
 # 2 cores, two pytest-xdist workers of one thread);

@@ -38,13 +38,14 @@ def leaves(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any
     """``(dotted key as written, value)`` for every leaf of a YAML document.
 
     A mapping stops the descent where the schema takes a whole mapping as one value
-    (``reward.reward_kwargs``), as the loader does.
+    (``reward.reward_kwargs``), as the loader does; a key of named options
+    (``actor.policy_loss``) is set one option at a time, so the descent goes on into it.
     """
     spec = schema(Config)
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         target = translate(dotted, value).path if isinstance(value, Mapping) else None
-        takes_mapping = target in spec and not spec[target].section
+        takes_mapping = target in spec and not spec[target].section and spec[target].items is None
         if isinstance(value, Mapping) and value and not takes_mapping:
             yield from leaves(value, dotted + ".")
         else:
@@ -87,8 +88,8 @@ def unapplied(data: Mapping[str, Any], cfg: Config, notices: Sequence[str]) -> l
             holder, name = tr.path.rsplit(".", 1)
             actual = get_path(cfg, holder)[name]
             if not _same(tr.value, actual):
-                out.append(f"{key} (as {tr.path}): the file says {tr.value!r}, the config holds "
-                           f"{actual!r}")  # fmt: skip
+                where = f" (as {tr.path})" if tr.path != key else ""
+                out.append(f"{key}{where}: the file says {tr.value!r}, the config holds {actual!r}")
         elif tr.update is not None:  # one verl switch of several folded into one key
             if not _same(tr.update(get_path(cfg, tr.path)), get_path(cfg, tr.path)):
                 out.append(f"{key} (as {tr.path}): {get_path(cfg, tr.path)!r} ignores it")

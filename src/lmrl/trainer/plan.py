@@ -65,7 +65,8 @@ class ModelsPlan:
         offload, critic_offload: FSDP2's offload setting of each.
         ranks: data-parallel ranks (the Ray cluster's GPUs; 1 in one process).
         backend: ``local`` or ``ray``.
-        engine: ``rollout.name``; ``engine_options``: its options (vLLM's share and sleep).
+        engine: ``rollout.name``; ``engine_options``: ``rollout.vllm``'s options (its share
+            of the device and whether it sleeps), read for an engine that reserves memory.
         rollout_dtype: the engine's own dtype (None = the actor's).
     """
 
@@ -396,6 +397,6 @@ def _models_plan(cfg: Config) -> ModelsPlan:
         ranks=ranks,
         backend=cfg.trainer.backend,
         engine=cfg.rollout.name,
-        engine_options=dict(cfg.rollout.vllm) if cfg.rollout.name == "vllm" else {},
+        engine_options=dict(cfg.rollout.vllm),  # read where the engine reserves memory
         rollout_dtype=cfg.rollout.dtype,
     )

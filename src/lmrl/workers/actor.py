@@ -268,12 +268,8 @@ class ActorWorker(TrainableWorker):
         # the entropy metric is per token whatever loss_agg_mode is (verl logs the loss term,
         # which under seq-mean-token-sum-norm scales with the batch: not comparable, and it
         # would read as a near-uniform policy to the run-health checks)
-        token_mean = (
-            entropy_loss
-            if cfg.loss_agg_mode == "token-mean"
-            else agg_loss(entropy.detach(), mask, "token-mean", norm)
-        )
-        stats["actor/entropy"] = stats["actor/entropy"] + token_mean.detach()
+        token_mean = agg_loss(entropy.detach(), mask, "token-mean", norm)
+        stats["actor/entropy"] = stats["actor/entropy"] + token_mean
         for name, value in pg_metrics.items():
             stats[f"actor/{name}"] = stats[f"actor/{name}"] + share * value
 
