@@ -75,11 +75,18 @@ class Program(Protocol):
         global_step: steps done.
     """
 
-    start: RunStart
-    trackers: Any
-    health: Health
     total_steps: int
     global_step: int
+
+    # read by the loop, never set by it: a program may hold them as attributes or properties
+    @property
+    def start(self) -> RunStart: ...
+
+    @property
+    def trackers(self) -> Any: ...
+
+    @property
+    def health(self) -> Health: ...
 
     @property
     def has_validation(self) -> bool:

@@ -51,7 +51,9 @@ from lmrl.trainer.parity import ParityProbe
 from lmrl.trainer.stages import rollout, scoring_thread, validate
 
 if TYPE_CHECKING:
+    from lmrl.data import PromptSampler
     from lmrl.trainer.ahead import RolloutAhead
+    from lmrl.workers.roles import ActorRole, TrainedRole
 
 log = logging.getLogger("lmrl.trainer")
 
@@ -81,7 +83,14 @@ class Trainer(RunsOnLoop):
     def __init__(
         self, parts: RunParts, cfg: TrainerConfig, on_stage: Callable[[str], None] | None = None
     ) -> None:
+        if parts.actor is None or parts.sampler is None:
+            raise ValueError(
+                "Trainer needs the parts of a training run: build_run(cfg) builds them "
+                "(build_run(cfg, 'eval') has no actor or sampler)"
+            )
         self.parts = parts
+        self.actor: ActorRole = parts.actor  # the roles the step calls, of their Protocols
+        self.sampler: PromptSampler = parts.sampler
         self.cfg = self.settings = cfg
         tokenizer = parts.tokenizer
         self.health = RunHealth(len(tokenizer) if tokenizer is not None else None)
@@ -128,7 +137,7 @@ class Trainer(RunsOnLoop):
                 metrics["actor/old_log_prob_recomputed"] = 0.0
             else:
                 with timer("old_log_prob"):
-                    batch["old_log_probs"], _ = p.actor.compute_log_probs(batch)
+                    batch["old_log_probs"], _ = self.actor.compute_log_probs(batch)
                 metrics["actor/old_log_prob_recomputed"] = 1.0
                 if "rollout_log_probs" in batch:
                     metrics |= engine_gap(batch["old_log_probs"], batch["rollout_log_probs"], mask)
@@ -180,7 +189,7 @@ class Trainer(RunsOnLoop):
             # 8. actor update (after the critic's warm-up)
             if self.global_step >= plan.critic_warmup:
                 with timer("update_actor"):
-                    metrics |= p.actor.update_actor(batch, old_log_probs_from_update=own)
+                    metrics |= self.actor.update_actor(batch, old_log_probs_from_update=own)
 
         self.global_step += 1
         if self.ahead is not None:  # the new version, if a batch to come is generated with it
@@ -192,7 +201,7 @@ class Trainer(RunsOnLoop):
         if self.ahead is not None:
             out["async/trainer_idle_frac"] = timer.seconds["wait_batch"] / timer.seconds["step"]
         out["training/step"] = float(self.global_step)
-        out.setdefault("training/epoch", float(p.sampler.epoch))  # async: the batch's own
+        out.setdefault("training/epoch", float(self.sampler.epoch))  # async: the batch's own
         out |= self.probe_metrics  # the first step's only
         self.probe_metrics = {}
         self.last_batch = batch
@@ -201,7 +210,7 @@ class Trainer(RunsOnLoop):
     def _push_start(self) -> None:
         """Hand the current weights over once (a start or a resume): the version the next
         batch to generate may need."""
-        if not self._pushed:
+        if self.ahead is not None and not self._pushed:
             self.ahead.push(self.global_step, self._snapshot)
             self._pushed = True
 
@@ -209,13 +218,14 @@ class Trainer(RunsOnLoop):
         """The actor's weights now, copied: in one process on a CPU ``model_state`` shares
         the parameters' storage, and a version handed over must not move with the next
         update (a Ray group's weights arrive as copies already)."""
-        state = self.parts.actor.model_state()
+        state = self.actor.model_state()
         if self.parts.backend is not None:
             return state
         return {k: v.clone() for k, v in state.items()}
 
     def _take(self, metrics: dict, timer: StageTimer) -> Batch:
         """The batch generated ahead for this step (async_training), with its metrics."""
+        assert self.ahead is not None, "a batch is taken only from the thread generating ahead"
         self._push_start()
         with timer("wait_batch"):
             batch, ahead_metrics = self.ahead.take(self.global_step)
@@ -227,7 +237,7 @@ class Trainer(RunsOnLoop):
         with async_training, on the engine between two batches, with the current weights."""
         if self.ahead is None:
             return validate(self.parts)
-        return self.ahead.exclusive(self.parts.actor.model_state(), lambda: validate(self.parts))
+        return self.ahead.exclusive(self.actor.model_state(), lambda: validate(self.parts))
 
     @property
     def has_validation(self) -> bool:
@@ -244,9 +254,10 @@ class Trainer(RunsOnLoop):
     def generations(self, limit: int = 8) -> list[dict]:
         """Prompt, response, score and the reward's text extras of the first samples of the
         last step's batch."""
-        if self.last_batch is None:
+        tok = self.parts.tokenizer
+        if self.last_batch is None or tok is None:
             return []
-        batch, tok = self.last_batch.index(slice(0, limit)), self.parts.tokenizer
+        batch = self.last_batch.index(slice(0, limit))
         prompts = tok.batch_decode(batch["prompts"], skip_special_tokens=True)
         responses = [
             tok.decode(ids[mask], skip_special_tokens=True)
@@ -275,7 +286,7 @@ class Trainer(RunsOnLoop):
     # ---------------------------------------------------------------- checkpoints
     def _trained(self) -> dict:
         """The trained workers by checkpoint name (in-process, or a Ray group's stand-ins)."""
-        workers = {"actor": self.parts.actor}
+        workers: dict[str, TrainedRole] = {"actor": self.actor}
         if self.parts.critic is not None:
             workers["critic"] = self.parts.critic
         return workers
@@ -288,8 +299,8 @@ class Trainer(RunsOnLoop):
         p = self.parts
         state = {
             "global_step": self.global_step,
-            "actor": p.actor.state_dict(),
-            "sampler": p.sampler.state_dict(),
+            "actor": self.actor.state_dict(),
+            "sampler": self.sampler.state_dict(),
             "rng": rng_state(),
         }
         if p.critic is not None:
@@ -306,7 +317,7 @@ class Trainer(RunsOnLoop):
         """Write ``run_dir/final``: the policy as a plain Hugging Face model directory (LoRA
         merged, tokenizer included), the ``model.path`` of a next run or of ``lmrl eval``."""
         m = self.parts.config.model
-        weights = self.parts.actor.model_state()
+        weights = self.actor.model_state()
         out, extra = self.run_dir / "final", None
         if m.lora_rank > 0:
             extra = adapter_export(weights, m)  # final/adapter: the adapter in PEFT's format
@@ -321,7 +332,7 @@ class Trainer(RunsOnLoop):
         ``scale_lr`` is a method of every trained worker (`lmrl.workers.optim.TrainableWorker`
         and a Ray group's stand-in) beside the roles' verl-named methods: it sets one scalar,
         where a round trip through ``state_dict`` would ship the whole optimizer state."""
-        return self.parts.actor.scale_lr(factor)
+        return self.actor.scale_lr(factor)
 
     def load_checkpoint(self, path: Path) -> None:
         """Restore the workers' weights and state, the sampler, the KL controller and the RNGs."""
@@ -332,12 +343,12 @@ class Trainer(RunsOnLoop):
                 worker.load_model_state(read_weights(path / f"{name}.safetensors"))
             except KeyError as err:  # the checkpoint is of another model
                 raise CheckpointError(f"{path / name}.safetensors: {err}") from None
-        p.actor.load_state_dict(state["actor"])
+        self.actor.load_state_dict(state["actor"])
         if p.critic is not None:
             p.critic.load_state_dict(state["critic"])
         if p.kl_ctrl is not None:
             p.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        p.sampler.load_state_dict(state["sampler"])
+        self.sampler.load_state_dict(state["sampler"])
         set_rng_state(state["rng"])
         self.global_step = int(state["global_step"])
         if self.ahead is not None:
