@@ -37,6 +37,9 @@ class Settings:
         self.log_generations_freq, self.max_ckpt_to_keep = -1, None
         self.__dict__.update(kw)
 
+    def rollbacks(self) -> tuple[int, float]:
+        return 0, 1.0  # no run doctor
+
 
 class Trackers:
     def __init__(self, fail: bool = False) -> None:
@@ -66,6 +69,11 @@ class Health:
     def check(self, metrics):
         self.checked.append(metrics["loss"])
         return ["the loss is odd"] if metrics["loss"] == 3.0 else []
+
+    collapse = None  # never: the loop's rollback is tested in tests/run/test_doctor.py
+
+    def rewind(self, step):
+        raise AssertionError("no rollback in these runs")
 
 
 class FakeProgram:

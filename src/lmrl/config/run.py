@@ -109,6 +109,11 @@ class RunSettings:
     seed: int = opt(42, "Global seed (model init heads, sampling, data order).")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto = cuda when available, else cpu.")
 
+    def rollbacks(self) -> tuple[int, float]:
+        """``(rollbacks at most, lr factor of each)`` of the run doctor; a command without
+        one (SFT, Flow-GRPO) has none. The RL ``trainer`` section's keys override it."""
+        return 0, 1.0
+
 
 #: the ``trainer`` keys of ``RunSettings``, in declaration order
 RUN_KEYS = tuple(f.name for f in fields(RunSettings))

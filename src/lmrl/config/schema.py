@@ -394,6 +394,10 @@ class TrainerConfig(RunSettings):
         "under Ray set it to true).",
     )
 
+    def rollbacks(self) -> tuple[int, float]:
+        """``trainer.max_rollbacks`` and ``rollback_lr_factor``: the run doctor's budget."""
+        return self.max_rollbacks, self.rollback_lr_factor
+
 
 @dataclass
 class ResourcesConfig:

@@ -289,10 +289,16 @@ class SFTHealth:
         min_steps: steps before the first verdict.
     """
 
+    # the loss has no collapse the run doctor answers (its rollback is RL's)
+    collapse: tuple[int, float, float] | None = None
+
     def __init__(self, total_steps: int, min_steps: int = 20) -> None:
         self.after = max(min_steps, total_steps // 4)
         self.losses: list[float] = []
         self.said = False
+
+    def rewind(self, step: int) -> None:
+        """Nothing to forget: an SFT run is never rolled back."""
 
     def baseline(self, val_metrics: Mapping[str, float]) -> None:
         """Nothing to compare with before the first step (the loss is watched alone)."""

@@ -62,6 +62,14 @@ class Health(Protocol):
     def check(self, metrics: Mapping[str, float]) -> list[str]:
         """The warnings that became true at this step (each said once)."""
 
+    @property
+    def collapse(self) -> tuple[int, float, float] | None:
+        """A collapse the checks saw, ``(best step, best validation, now)``: what the run
+        doctor's rollback answers; None while there is none."""
+
+    def rewind(self, step: int) -> None:
+        """Forget what came after global step ``step`` (the run was rolled back there)."""
+
 
 class Program(Protocol):
     """What `RunLoop` runs. ``global_step`` counts the steps done (it is saved and restored
@@ -110,6 +118,10 @@ class Program(Protocol):
 
     def export(self) -> Path:
         """Write the finished model to ``run_dir/final`` (a model path for the next command)."""
+
+    def lower_lr(self, factor: float) -> float:
+        """Multiply the learning rate by ``factor`` from now on (the run doctor's rollback,
+        ``trainer.max_rollbacks``); returns the scale now."""
 
     def generations(self) -> list[dict]:
         """Rows of the last step's samples for the trackers' generations log ([] if none)."""
@@ -180,10 +192,11 @@ class RunLoop:
         self.stopped_early = False
         self.last_saved = program.global_step if program.start.resume_from else -1
         self._tracker_failed = False
+        rollbacks, lr_factor = settings.rollbacks()
         self.doctor = (
-            Doctor(self.run_dir, settings.max_rollbacks, settings.rollback_lr_factor,
+            Doctor(self.run_dir, rollbacks, lr_factor,
                    resumed=program.start.resume_from is not None)
-            if getattr(settings, "max_rollbacks", 0) > 0 else None
+            if rollbacks > 0 else None
         )  # fmt: skip
 
     @property
@@ -256,7 +269,7 @@ class RunLoop:
             if rows:
                 prog.trackers.log_generations(rows, step=step)
         doctor = self.doctor
-        if doctor is not None and doctor.can_roll_back(getattr(prog.health, "collapse", None)):
+        if doctor is not None and doctor.can_roll_back(prog.health.collapse):
             self._roll_back(step)
             return
         best = doctor is not None and validated and doctor.is_new_best(step, metrics)
@@ -266,6 +279,7 @@ class RunLoop:
     def _roll_back(self, step: int) -> None:
         """Back to the best validated checkpoint at a lower lr (`lmrl.run.doctor`)."""
         prog, doctor = self.program, self.doctor
+        assert doctor is not None, "a rollback needs the run doctor (trainer.max_rollbacks > 0)"
         path = doctor.keep()
         number = doctor.rollbacks + 1
         folder = doctor.abandon(after=checkpoint_step(path))
@@ -300,6 +314,11 @@ class RunLoop:
         """Lines the command prints when the run has finished (an image run's before/after);
         none by default."""
         return []
+
+    def lower_lr(self, factor: float) -> float:
+        """The run doctor's rollback lowers the learning rate: a program whose settings allow
+        rollbacks (the RL trainer's ``trainer.max_rollbacks``) overrides this."""
+        raise NotImplementedError(f"{type(self).__name__} has no rollback")
 
     def save_checkpoint(self) -> Path:
         """Write ``global_step_<N>`` now (atomically); returns its path."""
@@ -383,6 +402,11 @@ class RunsOnLoop:
         """Lines the command prints when the run has finished (an image run's before/after);
         none by default."""
         return []
+
+    def lower_lr(self, factor: float) -> float:
+        """The run doctor's rollback lowers the learning rate: a program whose settings allow
+        rollbacks (the RL trainer's ``trainer.max_rollbacks``) overrides this."""
+        raise NotImplementedError(f"{type(self).__name__} has no rollback")
 
     def save_checkpoint(self) -> Path:
         """Write ``global_step_<N>`` now (atomically); returns its path."""

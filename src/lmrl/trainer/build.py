@@ -123,6 +123,8 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
             the model or the reward function, each naming what to fix.
     """
     train = purpose == "train"
+    # load_config fills the run directory and requires the model
+    assert cfg.trainer.default_local_dir is not None and cfg.model.path is not None
     run_dir = Path(cfg.trainer.default_local_dir)
     resume_from, changes, start_step = None, [], 0
     if train:
@@ -144,16 +146,23 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
         total_steps = plan.total_training_steps or per_epoch * plan.total_epochs
 
     backend = None
+    actor: ActorRole | None
+    critic: CriticRole | None
+    reference: ReferenceRole | None
+    engine: EngineRole
     if train and plan.models.backend == "ray":  # the workers live in Ray processes
         from lmrl.workers.backend import RayBackend
 
-        w = backend = RayBackend(cfg, plan.workers, total_steps)
+        backend = RayBackend(cfg, plan.workers, total_steps)
         policy = None
+        actor, critic, reference = backend.actor, backend.critic, backend.reference
+        engine = backend.engine
     else:
         w = build_workers(cfg, plan.workers, tokenizer, device, total_steps=total_steps,
                           train=train)  # fmt: skip
-        policy = w.policy
-    actor, critic, reference, engine = w.actor, w.critic, w.reference, w.engine
+        policy, actor, critic, reference, engine = (
+            w.policy, w.actor, w.critic, w.reference, w.engine
+        )  # fmt: skip
     reward = backend.reward if backend is not None else build_reward(cfg, tokenizer, device)
     try:
         for data in (train_data, val_data):
@@ -199,6 +208,7 @@ def evaluate(cfg: Config, checkpoint: Path) -> dict[str, float]:
         raise ConfigError("no validation data: set data.val_files=...")
     parts = build_run(cfg, purpose="eval")
     try:
+        assert parts.policy is not None, "an eval build holds the policy in this process"
         load_model_state(parts.policy, Path(checkpoint) / "actor.safetensors")
         return validate(parts)
     finally:

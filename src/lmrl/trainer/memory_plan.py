@@ -338,7 +338,6 @@ def plan_memory(
         ModelPathError: a model path without a readable ``config.json``.
     """
     m, w = plan.models, plan.workers
-    assert m is not None, "a RunPlan made by RunPlan.from_config"
     device = plan.device
     master, compute = dtype_bytes(plan.dtypes[0]), dtype_bytes(plan.dtypes[1])
     mixed = master != compute
@@ -379,7 +378,7 @@ def plan_memory(
             shape, master=master, compute=compute, mixed=mixed, ranks=ranks,
             sharded=actor_sharded, offload=False, trains=False,
         )  # fmt: skip
-    resident_critic = critic.resident if colocated_critic else 0
+    resident_critic = critic.resident if critic is not None and colocated_critic else 0
     resident_ref = ref.stored if ref is not None else 0
 
     # the hf engine's own copy of the weights in rollout.dtype, when it differs

@@ -150,6 +150,7 @@ class RunPlan:
     critic_warmup: int
     seed: int
     workers: WorkerPlan
+    models: ModelsPlan
     reward_chunks: int = 1
     reward_rows: bool = False
     reward_deferred: bool = False
@@ -157,7 +158,6 @@ class RunPlan:
     engine_shares_weights: bool = True
     device: str = "cpu"
     dtypes: tuple[str, str, str] = ("float32", "float32", "float32")
-    models: ModelsPlan | None = None
     total_epochs: int = 1
     total_training_steps: int | None = None
 
@@ -279,6 +279,8 @@ class RunPlan:
         single_pass = act.ppo_epochs == 1 and r.log_prob_mode == "decoupled"
         single_pass = single_pass and not a.use_kl_in_reward
         workers = _worker_plan(cfg)
+        mode = r.log_prob_mode
+        assert mode is not None, "load_config resolves rollout.log_prob_mode"
         asynchronous = None
         if cfg.async_training.enable:
             at = cfg.async_training
@@ -324,7 +326,7 @@ class RunPlan:
             ),
             val_n=vk.n,
             val_batch_size=cfg.data.val_batch_size,
-            log_prob_mode=r.log_prob_mode,
+            log_prob_mode=mode,
             correction=RolloutCorrectionConfig(**r.correction),
             estimator=functools.partial(
                 advantage_estimators.get(a.adv_estimator),
