@@ -315,11 +315,6 @@ class RunLoop:
         none by default."""
         return []
 
-    def lower_lr(self, factor: float) -> float:
-        """The run doctor's rollback lowers the learning rate: a program whose settings allow
-        rollbacks (the RL trainer's ``trainer.max_rollbacks``) overrides this."""
-        raise NotImplementedError(f"{type(self).__name__} has no rollback")
-
     def save_checkpoint(self) -> Path:
         """Write ``global_step_<N>`` now (atomically); returns its path."""
         prog = self.program
