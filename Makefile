@@ -21,8 +21,13 @@ venv: $(VENV)/.installed
 typecheck: venv
 	$(PY) -m mypy
 
-test: venv typecheck
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15
+# the type check runs beside the tests (most of the suite waits on subprocesses and Ray), its
+# report printed after theirs; either failing fails the target
+test: venv
+	@$(PY) -m mypy > .typecheck.log 2>&1 & typecheck=$$!; \
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=15; tests=$$?; \
+	wait $$typecheck; types=$$?; echo "mypy:"; cat .typecheck.log; \
+	[ $$tests -eq 0 ] && [ $$types -eq 0 ]
 
 # digits, sort, add, count and compare x every advantage estimator learn by a margin (~18 min on
 # 2 cores, two pytest-xdist workers of one thread);
