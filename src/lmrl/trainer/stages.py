@@ -201,7 +201,7 @@ def generate(
     sampling = dataclasses.replace(plan.sampling, seed=plan.seed + 1_000_003 * step + round_)
     overlapped = scoring is not None and scoring.thread is not None
     chunks = min(plan.reward_chunks, len(prompts)) if overlapped else 1
-    rows = overlapped and plan.reward_rows and engine.reports_rows
+    rows = overlapped and plan.reward_rows  # the plan knows which engines report rows
     if rows and "uid" not in prompts:  # a row scored early carries its batch's uid
         prompts["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(prompts))], dtype=object)
     with timer("gen"):
