@@ -1,11 +1,13 @@
 """``lmrl demo`` (``lmrl.demos``): a fast smoke run end to end through the command line (on the
-run loop ``lmrl train`` and ``lmrl sft`` use), starting fresh over a previous demo, refusing a
-directory that is not one; the demo's data files and the plain-prompt option of the task
+run loop ``lmrl train`` and ``lmrl sft`` use), starting fresh over a previous demo (its
+``demo.json`` says so), refusing a directory that is not one or that a running demo holds; the demo's data files and the plain-prompt option of the task
 writer."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,9 +16,10 @@ import pytest
 from lmrl.cli import main as cli_main
 from lmrl.data.tasks import generate_rows
 from lmrl.demos.digits import ACC_KEY, SUMMARY_FILE, run_demo, write_demo_data
+from lmrl.demos.flow import run_flow_demo
 
 SUMMARY_KEYS = {
-    "out_dir", "sft_dir", "sft_model", "rl_dir", "metrics", "plot", "checkpoint", "sft_steps",
+    "lmrl_demo", "out_dir", "sft_dir", "sft_model", "rl_dir", "metrics", "plot", "checkpoint", "sft_steps",
     "rl_steps", "acc_after_sft", "acc_before_rl", "acc_after_rl", "sft_seconds", "rl_seconds",
     "seconds",
 }  # fmt: skip
@@ -72,6 +75,99 @@ def test_refuses_a_directory_that_is_not_a_demo(tmp_path, capsys):
     assert cli_main(["demo", "--fast", "--out", str(out)]) == 2
     assert "not a previous lmrl demo" in capsys.readouterr().err
     assert (out / "notes.txt").read_text() == "keep me"
+
+
+def snapshot(path: Path) -> dict[str, bytes | None]:
+    """Every entry under ``path``: a file's bytes, None for a directory."""
+    return {
+        str(p.relative_to(path)): p.read_bytes() if p.is_file() else None
+        for p in sorted(path.rglob("*"))
+    }
+
+
+def users_project(root: Path) -> Path:
+    """A user's directory holding only names a demo writes: ``data/`` and ``model/``."""
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "train.parquet").write_bytes(b"the user's own data")
+    (root / "model").mkdir()
+    (root / "model" / "config.json").write_text('{"model_type": "mine"}')
+    return root
+
+
+@pytest.mark.parametrize("task", ["digits", "search", "flow"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        users_project,
+        lambda root: (root.mkdir(), (root / "notes.txt").write_text("keep me"), root)[-1],
+        # a demo.json of the user's own: not a demo's (it names none)
+        lambda root: (users_project(root), (root / "demo.json").write_text('{"a": 1}'), root)[-1],
+    ],
+    ids=["data-and-model", "a-file", "a-json-of-its-own"],
+)  # fmt: skip
+def test_demo_out_that_is_not_a_demos_is_refused_before_any_work_and_untouched(
+    task, make, tmp_path, capsys
+):
+    out = make(tmp_path / "mine")
+    before = snapshot(out)
+    assert cli_main(["demo", "--task", task, "--fast", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"--out {out}: a non-empty directory that is not a previous lmrl demo" in err
+    assert "nothing was changed: pick another --out" in err
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("task", ["digits", "flow"])
+def test_a_previous_or_interrupted_demo_is_replaced_by_its_demo_json(task, tmp_path, monkeypatch):
+    """A demo writes its ``demo.json`` first: one stopped half-way is replaced as well. The
+    demo is cut short at its first piece of work (the data), after the directory is ready."""
+    out = tmp_path / "demo"
+    (out / "rl").mkdir(parents=True)
+    (out / "rl" / "stale.txt").write_text("from an earlier run")
+    (out / "own-name.txt").write_text("any name: the marker decides, not the names")
+    (out / SUMMARY_FILE).write_text(json.dumps({"lmrl_demo": "search"}))
+
+    class Cut(Exception):
+        pass
+
+    def cut(*args, **kwargs):
+        raise Cut
+
+    monkeypatch.setattr("lmrl.models.tiny.build_tiny_model", cut)  # the digits demo's first
+    monkeypatch.setattr("lmrl.data.tasks.write_task", cut)  # the flow demo's first
+    with pytest.raises(Cut):
+        (run_flow_demo if task == "flow" else run_demo)(out, fast=True, console=False)
+    assert snapshot(out) == {SUMMARY_FILE: json.dumps({"lmrl_demo": task}).encode() + b"\n"}
+
+
+@pytest.mark.parametrize("where", [".", "rl"])
+def test_a_demo_running_in_out_is_refused(where, tmp_path, capsys):
+    """Another ``lmrl demo`` into the directory of one that runs, or of one a run (an ``lmrl
+    train`` resuming the demo's GRPO) still writes: refused, nothing removed."""
+    out = tmp_path / "demo"
+    (out / "rl").mkdir(parents=True)
+    (out / SUMMARY_FILE).write_text(json.dumps({"lmrl_demo": "digits"}))
+    (out / "model").mkdir()
+    held = out / where
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from lmrl.run.lock import RunDirLock; "
+         "RunDirLock(sys.argv[1], 'lmrl demo').acquire(); print('held', flush=True); "
+         "time.sleep(600)", str(held)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert cli_main(["demo", "--fast", "--out", str(out)]) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"lmrl demo: error: {held} is in use by pid {holder.pid} (lmrl demo): wait for it to "
+        "end or choose another --out"
+    )
+    assert (out / "model").is_dir() and (out / "rl").is_dir()
 
 
 def test_the_warm_start_examples_are_2_to_8_digits_never_validated_on(tmp_path):

@@ -34,18 +34,20 @@ Choices (``docs/demo.md`` has the runs behind them):
 - Prompts are chat messages, templated (ChatML, ~32 tokens). Plain-string prompts
   (``prompt_format="{}="``, 15 tokens) halve the cost of a step, but both SFT and GRPO
   learn from them more slowly.
-- ``out_dir`` starts fresh: a previous demo there (recognised by holding nothing but the
-  demo's own entries) is deleted; any other non-empty directory is an error, not deleted.
+- ``out_dir`` starts fresh (`demo_dir`): a previous demo there, recognised by its
+  ``demo.json`` (written first, so an interrupted demo is recognised too), is replaced; any
+  other non-empty directory is refused before any work, and nothing in it is touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,32 +55,75 @@ import torch
 
 from lmrl.batch import response_tokens_mask
 from lmrl.errors import DataError
+from lmrl.run.lock import LOCK_FILE, RunDirLock
 
 log = logging.getLogger("lmrl.demo")
 
 TASK = "digits"
 ACC_KEY = f"val/{TASK}/acc"
 SUMMARY_FILE = "demo.json"
-_DEMO_ENTRIES = {SUMMARY_FILE, "model", "data", "sft", "sft_recall", "rl"}
+DEMO_KEY = "lmrl_demo"  # demo.json names the demo that wrote it: the mark of a demo's directory
 
 SFT_CHECK_LOSS = 1.0  # measure accuracy after every step once the training loss is below this
 SFT_MAX_ACC = 0.5  # a check above this rolls back to the previous check's weights
 SFT_LENGTHS = (2, 8)  # digits of the warm start's numbers (the task's are 4-6)
 
 
-def _fresh_dir(out: Path) -> None:
-    """Empty ``out`` if it holds a previous demo; refuse any other non-empty directory."""
+def _is_demo(out: Path) -> bool:
+    """``out`` holds a demo's ``demo.json`` (a JSON object naming the demo, `DEMO_KEY`)."""
+    try:
+        marker = json.loads((out / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(marker, dict) and DEMO_KEY in marker
+
+
+def _refuse_not_a_demo(out: Path) -> list[Path]:
+    """What ``out`` holds (its lock file aside), when it is new, empty or a previous demo's.
+
+    Raises:
+        DataError: ``out`` is a file, or a non-empty directory without a demo's ``demo.json``.
+    """
     if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: exists and is not a directory")
-    if out.is_dir():
-        entries = {p.name for p in out.iterdir()}
-        if entries and not entries <= _DEMO_ENTRIES:
-            raise DataError(
-                f"--out {out}: a non-empty directory that is not a previous lmrl demo "
-                f"(it holds {sorted(entries)[:5]}); pick another --out"
-            )
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+        raise DataError(f"--out {out}: exists and is not a directory; pick another --out")
+    held = sorted(p for p in out.iterdir() if p.name != LOCK_FILE) if out.is_dir() else []
+    if held and not _is_demo(out):
+        raise DataError(
+            f"--out {out}: a non-empty directory that is not a previous lmrl demo (it holds "
+            f"{[p.name for p in held[:5]]}, and no demo's {SUMMARY_FILE}); nothing was "
+            "changed: pick another --out"
+        )
+    return held
+
+
+@contextlib.contextmanager
+def demo_dir(out: Path, task: str) -> Iterator[Path]:
+    """``out`` as a demo's directory, for the demo's life.
+
+    A new or empty directory is used as it is; a previous demo's (its ``demo.json`` names a
+    demo) is emptied; anything else is refused before any work (`_refuse_not_a_demo`). The
+    directory is locked while the demo runs (`lmrl.run.lock`: a second demo into it is
+    refused, as is a previous demo's directory a run still writes), and ``demo.json`` is
+    written first, naming the demo, so that a demo stopped half-way is replaced by the next
+    one as well.
+
+    Raises:
+        DataError: ``out`` is a file or a directory that is not a demo's.
+        CheckpointError: another process runs a demo in ``out``, or a run in a folder of it.
+    """
+    _refuse_not_a_demo(out)  # before the lock: a refused directory is not touched at all
+    with RunDirLock(out, key="--out"):
+        held = _refuse_not_a_demo(out)
+        for entry in held:  # a run of its own in it (an `lmrl train` resuming it): refused
+            if entry.is_dir() and (entry / LOCK_FILE).is_file():
+                RunDirLock(entry, key="--out").acquire().release()
+        for entry in held:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        (out / SUMMARY_FILE).write_text(json.dumps({DEMO_KEY: task}) + "\n")
+        yield out
 
 
 def _yaml_str(value: Any) -> str:
@@ -470,48 +515,49 @@ def run_demo(
         num_train, num_val = 64, 8
         sft_target_acc = target_acc = 2.0  # never reached: run the capped steps
         check_loss = math.inf  # but exercise the accuracy checks
-    _fresh_dir(out)
-    model_dir = build_tiny_model(out / "model", arch="qwen2", size=size, seed=seed)
-    data = write_demo_data(out / "data", seed, num_train, num_val, prompt_format)
-    if console:
-        print(f"lmrl demo: model {model_dir}, data {out / 'data'}; SFT warm start", flush=True)
-    sft = run_sft(
-        model_dir, data, out / "sft", seed=seed, target_acc=sft_target_acc,
-        max_steps=sft_max_steps, lr=sft_lr, batch_size=batch, max_new_tokens=response,
-        console=console, check_loss=check_loss,
-    )  # fmt: skip
-    if console:
-        print(f"lmrl demo: SFT stopped at step {sft['steps']}, greedy validation accuracy "
-              f"{sft['acc']:.3f}; GRPO", flush=True)  # fmt: skip
-    rl = run_rl(
-        sft["model"], data, out / "rl", seed=seed, steps=rl_steps, lr=rl_lr,
-        prompts_per_step=prompts, n=n, max_response_length=response, test_freq=test_freq,
-        target_acc=target_acc, console=console, warmup_steps=rl_warmup_steps,
-        overrides=[f"rollout.temperature={rl_temperature}", *rl_overrides],
-    )  # fmt: skip
-    from lmrl.logging.plot import plot_run
+    with demo_dir(out, TASK):
+        model_dir = build_tiny_model(out / "model", arch="qwen2", size=size, seed=seed)
+        data = write_demo_data(out / "data", seed, num_train, num_val, prompt_format)
+        if console:
+            print(f"lmrl demo: model {model_dir}, data {out / 'data'}; SFT warm start", flush=True)
+        sft = run_sft(
+            model_dir, data, out / "sft", seed=seed, target_acc=sft_target_acc,
+            max_steps=sft_max_steps, lr=sft_lr, batch_size=batch, max_new_tokens=response,
+            console=console, check_loss=check_loss,
+        )  # fmt: skip
+        if console:
+            print(f"lmrl demo: SFT stopped at step {sft['steps']}, greedy validation accuracy "
+                  f"{sft['acc']:.3f}; GRPO", flush=True)  # fmt: skip
+        rl = run_rl(
+            sft["model"], data, out / "rl", seed=seed, steps=rl_steps, lr=rl_lr,
+            prompts_per_step=prompts, n=n, max_response_length=response, test_freq=test_freq,
+            target_acc=target_acc, console=console, warmup_steps=rl_warmup_steps,
+            overrides=[f"rollout.temperature={rl_temperature}", *rl_overrides],
+        )  # fmt: skip
+        from lmrl.logging.plot import plot_run
 
-    plot = plot_run(rl["dir"])
-    summary = {
-        "out_dir": str(out),
-        "sft_dir": str(sft["dir"]),
-        "sft_model": str(sft["model"]),
-        "rl_dir": str(rl["dir"]),
-        "metrics": str(rl["dir"] / "metrics.jsonl"),
-        "plot": str(plot),
-        "checkpoint": str(rl["checkpoint"]),
-        "sft_steps": sft["steps"],
-        "rl_steps": rl["steps"],
-        "acc_after_sft": sft["acc"],
-        "acc_before_rl": rl["acc_before"],
-        "acc_after_rl": rl["acc"],
-        "sft_seconds": round(sft["seconds"], 1),
-        "rl_seconds": round(rl["seconds"], 1),
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
-    print(format_summary(summary), flush=True)
-    return summary
+        plot = plot_run(rl["dir"])
+        summary = {
+            DEMO_KEY: TASK,
+            "out_dir": str(out),
+            "sft_dir": str(sft["dir"]),
+            "sft_model": str(sft["model"]),
+            "rl_dir": str(rl["dir"]),
+            "metrics": str(rl["dir"] / "metrics.jsonl"),
+            "plot": str(plot),
+            "checkpoint": str(rl["checkpoint"]),
+            "sft_steps": sft["steps"],
+            "rl_steps": rl["steps"],
+            "acc_after_sft": sft["acc"],
+            "acc_before_rl": rl["acc_before"],
+            "acc_after_rl": rl["acc"],
+            "sft_seconds": round(sft["seconds"], 1),
+            "rl_seconds": round(rl["seconds"], 1),
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+        (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+        print(format_summary(summary), flush=True)
+        return summary
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from lmrl.demos.digits import DEMO_KEY, SUMMARY_FILE, demo_dir
 
 log = logging.getLogger("lmrl.flow")
 
@@ -73,7 +74,20 @@ def run_flow_demo(
         rl_steps: Flow-GRPO steps.
         overrides: extra ``lmrl train-flow`` ``key=value`` overrides.
         console: print progress.
+
+    Raises:
+        DataError: ``out_dir`` is not new, empty or a previous demo's (refused before any
+            work, untouched; `lmrl.demos.digits.demo_dir`).
     """
+    out = Path(out_dir)
+    with demo_dir(out, "flow"):
+        return _run(out, seed, fast, pretrain_steps, caption_noise, rl_steps, overrides, console)
+
+
+def _run(  # the demo, in the directory `demo_dir` made ready
+    out: Path, seed: int, fast: bool, pretrain_steps: int, caption_noise: float, rl_steps: int,
+    overrides: tuple[str, ...], console: bool,
+) -> dict[str, Any]:  # fmt: skip
     from PIL import Image
 
     from lmrl.config.flow import load_flow_config
@@ -82,9 +96,6 @@ def run_flow_demo(
     from lmrl.logging.plot import plot_run
     from lmrl.trainer.flow import FlowTrainer, build_flow
 
-    out = Path(out_dir)
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
     say = print if console else log.info
     start = time.perf_counter()
     paths = write_task("shapes", out / "data", seed=seed, num_images=256 if fast else 4096)
@@ -144,6 +155,7 @@ def run_flow_demo(
     plot = plot_run(out / "run")
     scores = [h["critic/score/mean"] for h in history]
     summary = {
+        DEMO_KEY: "flow",
         "val_reward_before": first,
         "val_reward_after": last,
         "val_steps": sorted(val),
@@ -159,7 +171,7 @@ def run_flow_demo(
         "before_after": str(out / "before_after.png"),
         "plot": str(plot),
     }
-    (out / "demo.json").write_text(json.dumps(summary, indent=1))
+    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=1))
     images = len(trainer.val_prompts) * cfg.trainer.val_images_per_prompt
     rows = [f"{'step':>9} " + " ".join(f"{step:>5}" for step in sorted(val))]
     rows += [

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmrl.demos.digits import _fresh_dir, _key, _yaml_str, run_rl, run_sft
+from lmrl.demos.digits import DEMO_KEY, _key, _yaml_str, demo_dir, run_rl, run_sft
 
 __all__ = ["run_search_demo", "write_search_data"]
 
@@ -158,94 +158,98 @@ def run_search_demo(
         sft_max_steps, recall_max_steps, rl_steps, test_freq, rl_warmup_steps = 3, 2, 2, 1, 0
         num_train, num_val, num_sft, check_every = 64, 8, 16, 1
         read_target_acc = target_acc = 2.0  # never reached: run the capped steps
-    _fresh_dir(out)
-    if warm_start is None:
-        model_dir = build_tiny_model(out / "model", arch="qwen2", size=size, seed=seed)
-        data = write_search_data(out / "data", seed, num_train, num_val, num_sft, two_hop, topk)
-        # accuracy is measured the way RL validates: greedy, in turns, with the search tool
-        agent = {"tools": {"search": SearchTool(data["corpus"], topk=topk)}, "max_turns": max_turns}
-        common = dict(
-            seed=seed, batch_size=batch, max_new_tokens=max_response_length, console=console,
-            max_length=64 + max_response_length, agent=agent, mask_pattern=OBSERVATIONS,
+    with demo_dir(out, "search"):
+        if warm_start is None:
+            model_dir = build_tiny_model(out / "model", arch="qwen2", size=size, seed=seed)
+            data = write_search_data(out / "data", seed, num_train, num_val, num_sft, two_hop, topk)
+            # accuracy is measured the way RL validates: greedy, in turns, with the search tool
+            agent = {
+                "tools": {"search": SearchTool(data["corpus"], topk=topk)},
+                "max_turns": max_turns,
+            }
+            common = dict(
+                seed=seed, batch_size=batch, max_new_tokens=max_response_length, console=console,
+                max_length=64 + max_response_length, agent=agent, mask_pattern=OBSERVATIONS,
+            )  # fmt: skip
+            if console:
+                print(f"lmrl demo --task search: model {model_dir}, data {out / 'data'}; SFT 1/2: "
+                      f"{num_sft} demonstrations of searching and reading", flush=True)  # fmt: skip
+            read = run_sft(
+                model_dir, data, out / "sft", target_acc=read_target_acc, max_steps=sft_max_steps,
+                lr=sft_lr, check_loss=READ_CHECK_LOSS, check_every=check_every, max_acc=1.0, **common,
+            )  # fmt: skip
+            if console:
+                print(f"lmrl demo: SFT 1/2 stopped at step {read['steps']}, greedy exact match "
+                      f"with the tool {read['acc']:.3f}; SFT 2/2: answering from memory",
+                      flush=True)  # fmt: skip
+            recall = run_sft(
+                read["model"], {**data, "sft": data["sft_recall"]}, out / "sft_recall", target_acc=2.0,
+                max_steps=recall_max_steps, lr=recall_lr, check_loss=math.inf,
+                stop_below=SFT_MAX_ACC, **common,
+            )  # fmt: skip
+            if console:
+                print(f"lmrl demo: SFT 2/2 stopped at step {recall['steps']}, greedy exact match "
+                      f"{recall['acc']:.3f}; GRPO with {'the search tool' if search else 'no tool'}",
+                      flush=True)  # fmt: skip
+            sft = {
+                "sft_model": str(recall["model"]),
+                "data": data,
+                "sft_steps": read["steps"] + recall["steps"],
+                "acc_reading": read["acc"],
+                "acc_after_sft": recall["acc"],
+                "sft_seconds": round(read["seconds"] + recall["seconds"], 1),
+            }
+        else:  # the keys of the summary below
+            sft = {k: warm_start[k] for k in ("sft_model", "sft_steps", "acc_reading",
+                                              "acc_after_sft")}  # fmt: skip
+            sft["sft_seconds"] = 0.0  # this run trained none
+            data = sft["data"] = {k: Path(v) for k, v in warm_start["data"].items()}
+            if console:
+                print(f"lmrl demo: the warm start of {warm_start['out_dir']}; GRPO with "
+                      f"{'the search tool' if search else 'no tool'}", flush=True)  # fmt: skip
+        overrides = [
+            f"rollout.temperature={rl_temperature}",
+            f"rollout.multi_turn.enable={str(search).lower()}",
+            "rollout.multi_turn.tools=[search]",
+            f"rollout.multi_turn.max_turns={max_turns}",
+            f"retriever.source={_yaml_str(data['corpus'])}",
+            f"retriever.topk={topk}",
+            "actor.state_masking=true",
+            f"trainer.experiment_name=search-{'grpo' if search else 'no-tool'}",
+        ]
+        rl = run_rl(
+            Path(sft["sft_model"]), data, out / "rl", seed=seed, steps=rl_steps, lr=rl_lr,
+            prompts_per_step=prompts, n=n, max_response_length=max_response_length,
+            test_freq=test_freq, target_acc=target_acc, console=console,
+            warmup_steps=rl_warmup_steps, overrides=overrides, task=TASK,
         )  # fmt: skip
-        if console:
-            print(f"lmrl demo --task search: model {model_dir}, data {out / 'data'}; SFT 1/2: "
-                  f"{num_sft} demonstrations of searching and reading", flush=True)  # fmt: skip
-        read = run_sft(
-            model_dir, data, out / "sft", target_acc=read_target_acc, max_steps=sft_max_steps,
-            lr=sft_lr, check_loss=READ_CHECK_LOSS, check_every=check_every, max_acc=1.0, **common,
-        )  # fmt: skip
-        if console:
-            print(f"lmrl demo: SFT 1/2 stopped at step {read['steps']}, greedy exact match "
-                  f"with the tool {read['acc']:.3f}; SFT 2/2: answering from memory",
-                  flush=True)  # fmt: skip
-        recall = run_sft(
-            read["model"], {**data, "sft": data["sft_recall"]}, out / "sft_recall", target_acc=2.0,
-            max_steps=recall_max_steps, lr=recall_lr, check_loss=math.inf,
-            stop_below=SFT_MAX_ACC, **common,
-        )  # fmt: skip
-        if console:
-            print(f"lmrl demo: SFT 2/2 stopped at step {recall['steps']}, greedy exact match "
-                  f"{recall['acc']:.3f}; GRPO with {'the search tool' if search else 'no tool'}",
-                  flush=True)  # fmt: skip
-        sft = {
-            "sft_model": str(recall["model"]),
-            "data": data,
-            "sft_steps": read["steps"] + recall["steps"],
-            "acc_reading": read["acc"],
-            "acc_after_sft": recall["acc"],
-            "sft_seconds": round(read["seconds"] + recall["seconds"], 1),
+        plot = plot_run(rl["dir"])
+        calls = [h["agent/tool_calls/mean"] for h in rl["history"] if "agent/tool_calls/mean" in h]
+        summary = {
+            DEMO_KEY: "search",
+            "out_dir": str(out),
+            "search": search,
+            "sft_model": sft["sft_model"],
+            "data": {k: str(v) for k, v in data.items()},
+            "rl_dir": str(rl["dir"]),
+            "plot": str(plot),
+            "checkpoint": str(rl["checkpoint"]),
+            "sft_steps": sft["sft_steps"],
+            "rl_steps": rl["steps"],
+            "acc_reading": sft["acc_reading"],
+            "acc_after_sft": sft["acc_after_sft"],
+            "acc_before_rl": rl["acc_before"],
+            "acc_after_rl": rl["acc"],
+            "tool_calls_first": calls[0] if calls else None,
+            "tool_calls_last": calls[-1] if calls else None,
+            "sft_seconds": sft["sft_seconds"],
+            "rl_seconds": round(rl["seconds"], 1),
+            "seconds": round(time.perf_counter() - start, 1),
         }
-    else:  # the keys of the summary below
-        sft = {k: warm_start[k] for k in ("sft_model", "sft_steps", "acc_reading",
-                                          "acc_after_sft")}  # fmt: skip
-        sft["sft_seconds"] = 0.0  # this run trained none
-        data = sft["data"] = {k: Path(v) for k, v in warm_start["data"].items()}
+        (out / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
         if console:
-            print(f"lmrl demo: the warm start of {warm_start['out_dir']}; GRPO with "
-                  f"{'the search tool' if search else 'no tool'}", flush=True)  # fmt: skip
-    overrides = [
-        f"rollout.temperature={rl_temperature}",
-        f"rollout.multi_turn.enable={str(search).lower()}",
-        "rollout.multi_turn.tools=[search]",
-        f"rollout.multi_turn.max_turns={max_turns}",
-        f"retriever.source={_yaml_str(data['corpus'])}",
-        f"retriever.topk={topk}",
-        "actor.state_masking=true",
-        f"trainer.experiment_name=search-{'grpo' if search else 'no-tool'}",
-    ]
-    rl = run_rl(
-        Path(sft["sft_model"]), data, out / "rl", seed=seed, steps=rl_steps, lr=rl_lr,
-        prompts_per_step=prompts, n=n, max_response_length=max_response_length,
-        test_freq=test_freq, target_acc=target_acc, console=console,
-        warmup_steps=rl_warmup_steps, overrides=overrides, task=TASK,
-    )  # fmt: skip
-    plot = plot_run(rl["dir"])
-    calls = [h["agent/tool_calls/mean"] for h in rl["history"] if "agent/tool_calls/mean" in h]
-    summary = {
-        "out_dir": str(out),
-        "search": search,
-        "sft_model": sft["sft_model"],
-        "data": {k: str(v) for k, v in data.items()},
-        "rl_dir": str(rl["dir"]),
-        "plot": str(plot),
-        "checkpoint": str(rl["checkpoint"]),
-        "sft_steps": sft["sft_steps"],
-        "rl_steps": rl["steps"],
-        "acc_reading": sft["acc_reading"],
-        "acc_after_sft": sft["acc_after_sft"],
-        "acc_before_rl": rl["acc_before"],
-        "acc_after_rl": rl["acc"],
-        "tool_calls_first": calls[0] if calls else None,
-        "tool_calls_last": calls[-1] if calls else None,
-        "sft_seconds": sft["sft_seconds"],
-        "rl_seconds": round(rl["seconds"], 1),
-        "seconds": round(time.perf_counter() - start, 1),
-    }
-    (out / "demo.json").write_text(json.dumps(summary, indent=1) + "\n")
-    if console:
-        print(format_search_summary(summary), flush=True)
-    return summary
+            print(format_search_summary(summary), flush=True)
+        return summary
 
 
 def format_search_summary(summary: dict[str, Any]) -> str:

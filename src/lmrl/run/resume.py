@@ -4,6 +4,10 @@ Decided before any model loads, so a bad directory or a refused resume costs one
 wait. The rules:
 
 - The run directory must be creatable and writable; the check leaves nothing behind.
+- A run directory has one owner at a time (``lmrl.run.lock``): a directory another process
+  is running in is refused, naming its pid and command; so is a sweep's folder (it holds
+  ``sweep.json``). The loop holds the lock for the run's life, and refuses to start a run
+  whose directory gained a checkpoint after `open_run` looked (`check_untouched`).
 - A run directory belongs to the command that made it (`run_owner`: the command named in the
   first line of its ``config.yaml``, which ``save_config`` writes, else in its checkpoints'
   manifests): ``lmrl sft`` never writes into a directory of ``lmrl train`` and the reverse,
@@ -42,6 +46,7 @@ from lmrl.run.checkpoint import (
     list_checkpoints,
     scan_checkpoints,
 )
+from lmrl.run.lock import RunDirLock, holds_lock, refuse_sweep_folder
 
 log = logging.getLogger("lmrl.trainer")
 
@@ -283,6 +288,7 @@ __all__ = [
     "check_config_change",
     "check_owner",
     "check_run_dir",
+    "check_untouched",
     "config_changes",
     "keep_old_config",
     "open_run",
@@ -332,14 +338,50 @@ def open_run(cfg: Any, command: str) -> RunStart:
     and the accepted config changes, before anything is loaded.
 
     Raises:
-        CheckpointError: an unwritable directory, a directory or checkpoint of another command,
+        CheckpointError: an unwritable directory, a directory another process is running in
+            (`lmrl.run.lock`), a sweep's folder, a directory or checkpoint of another command,
             a resume path that is not a checkpoint, checkpoints none of which loads, or changed
             settings without ``trainer.allow_config_change``.
     """
     t = cfg.trainer
     run_dir = Path(t.default_local_dir)
     check_run_dir(run_dir)
+    refuse_sweep_folder(run_dir, command)
+    if not holds_lock(run_dir):  # refused now, before any model loads, if another runs in it
+        RunDirLock(run_dir).acquire().release()
     check_owner(run_dir, command)
     resume_from = resume_point(t.resume_mode, run_dir, command)
     changes = check_config_change(cfg, resume_from) if resume_from is not None else []
+    _opened[run_dir.resolve()] = _newest(run_dir)
     return RunStart(run_dir, command, cfg, resume_from, changes)
+
+
+# run directory -> the name of its newest checkpoint when `open_run` looked (None: none)
+_opened: dict[Path, str | None] = {}
+
+
+def _newest(run_dir: Path) -> str | None:
+    found = list_checkpoints(run_dir)
+    return found[-1].name if found else None
+
+
+def check_untouched(run_dir: Path) -> None:
+    """Refuse to start a run whose directory gained or lost a checkpoint since `open_run`
+    decided where it starts: another process wrote into it meanwhile (one that started while
+    this run loaded its models, and ended before the loop took the directory's lock), so that
+    start is stale. Called by the loop under the lock; a directory `open_run` did not look at
+    (or one already checked) passes.
+
+    Raises:
+        CheckpointError: one line naming the checkpoints then and now.
+    """
+    key = Path(run_dir).resolve()
+    if key not in _opened:
+        return
+    seen, now = _opened.pop(key), _newest(run_dir)
+    if now != seen:
+        raise CheckpointError(
+            f"{run_dir} changed while this run was being set up (its newest checkpoint was "
+            f"{seen or 'none'}, is now {now or 'none'}): another command wrote into it; "
+            "nothing was written: run the command again to start from what is there now"
+        )
