@@ -12,6 +12,11 @@ directory renamed into place. A checkpoint without a manifest, or whose files do
 it, is corrupt: ``latest_checkpoint`` skips it (with a warning) for the previous good one.
 The manifest also names the command whose run wrote it (``"command": "lmrl sft"``), so a run
 directory is never resumed by another command (``lmrl.run.resume``).
+
+A checkpoint saved again at its step (the run doctor re-saves the best one after a rollback)
+is replaced in two renames: the old one aside to ``.global_step_<N>.old``, the new one into
+place; `finish_replace` puts back whichever of the two is complete when a kill fell between
+them.
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lmrl.errors import CheckpointError
-from lmrl.models.loading import refuse_other_shapes
 
 log = logging.getLogger("lmrl.trainer")
 
@@ -106,6 +110,8 @@ def load_model_state(model: torch.nn.Module, path: Path) -> None:
         CheckpointError: unreadable weights, or weights of another model (a tensor of another
             shape, one the model lacks, one the checkpoint lacks), in one line.
     """
+    from lmrl.models.loading import refuse_other_shapes  # transformers: imported when used
+
     state = read_weights(path)
     try:
         refuse_other_shapes(model, state)
@@ -130,6 +136,7 @@ def save_checkpoint(
     before_manifest=None,
     command: str | None = None,
     keep: Path | None = None,
+    note: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``run_dir/global_step_<step>`` atomically; prune old ones beyond ``max_to_keep``.
 
@@ -141,6 +148,8 @@ def save_checkpoint(
             testing hook: a crash there must leave no usable checkpoint behind).
         command: the command of the run (``lmrl train``...), written into the manifest.
         keep: a checkpoint pruning spares (the run doctor's best validated one).
+        note: plain data written into the manifest beside ``step`` (`manifest_field` reads
+            it back): the run doctor marks the best checkpoint it re-saves in a rollback.
     """
     run_dir = Path(run_dir)
     final = run_dir / f"global_step_{step}"
@@ -158,18 +167,37 @@ def save_checkpoint(
     manifest: dict[str, Any] = {"step": step}
     if command is not None:
         manifest["command"] = command
+    manifest |= note or {}
     manifest["files"] = {p.name: [p.stat().st_size, _sha256(p)] for p in files}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     _fsync(tmp / MANIFEST)
-    if final.exists():
-        shutil.rmtree(final)
+    old = run_dir / f".global_step_{step}.old"
+    if final.exists():  # saved again at its step: the old one aside first (`finish_replace`)
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
     os.replace(tmp, final)
     _fsync(run_dir)
+    shutil.rmtree(old, ignore_errors=True)
     if max_to_keep:
         for old in list_checkpoints(run_dir)[:-max_to_keep]:
             if keep is None or old.resolve() != Path(keep).resolve():
                 shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def finish_replace(run_dir: Path, step: int) -> None:
+    """Finish replacing ``global_step_<step>`` when a kill fell between `save_checkpoint`'s two
+    renames (the old one aside, the new one in): the new one goes into place if it is complete,
+    else the old one goes back; a leftover old one is removed."""
+    run_dir = Path(run_dir)
+    final = run_dir / f"global_step_{step}"
+    tmp, old = run_dir / f".global_step_{step}.tmp", run_dir / f".global_step_{step}.old"
+    if not old.is_dir():
+        return
+    if not final.exists():
+        os.replace(tmp if tmp.is_dir() and check_checkpoint(tmp) is None else old, final)
+        _fsync(run_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def checkpoint_step(path: Path) -> int:
@@ -231,13 +259,19 @@ def _first_line(err: BaseException) -> str:
     return (str(err).splitlines() or [type(err).__name__])[0]
 
 
+def manifest_field(path: Path, key: str) -> Any:
+    """The manifest's ``key`` of checkpoint ``path`` (``command``, or a `save_checkpoint`
+    note), or None: absent, or the manifest is unreadable."""
+    try:
+        return _read_manifest(path).get(key)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def checkpoint_command(path: Path) -> str | None:
     """The command whose run wrote checkpoint ``path`` (its manifest's ``command``), or None:
     unreadable, or written before manifests named it."""
-    try:
-        command = _read_manifest(path).get("command")
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    command = manifest_field(path, "command")
     return command if isinstance(command, str) else None
 
 

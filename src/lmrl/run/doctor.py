@@ -16,6 +16,15 @@ falls from its best), because that one has a known good state to return to and a
 3. **At most** ``trainer.max_rollbacks`` times (the folders in ``rolled_back/`` count them,
    so a resume does not reset the count); after that the collapse is only said.
 
+A rollback is all or nothing: its intent, ``run_dir/rollback.json`` (its number, the step it
+returns to, the step it left, the lr factor), is written first (atomically), then the
+checkpoints move, the best one is loaded and saved again at the lower lr (its manifest marked
+``"rollback": {"number", "lr_scale"}``), and the intent is removed last. A run killed anywhere
+in between and resumed with ``trainer.resume_mode=auto`` finishes the rollback before its next
+step (each part is done once: moves of what is left, the lr lowered only when the marked
+re-save is missing), so it goes on as the uninterrupted run does; a run that starts over or
+resumes from a named checkpoint drops the intent with a warning.
+
 A rollback logs ``doctor/rollback`` (its number), ``doctor/rolled_back_from`` (the step it
 left) and ``doctor/lr_scale`` at the step it returns to, and ``lmrl plot`` marks it.
 """
@@ -25,18 +34,65 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shutil
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-from lmrl.run.checkpoint import checkpoint_step, list_checkpoints
+from lmrl.errors import CheckpointError
+from lmrl.run.checkpoint import (
+    check_checkpoint,
+    checkpoint_step,
+    finish_replace,
+    list_checkpoints,
+    manifest_field,
+)
 from lmrl.run.health import validation_score
 
 log = logging.getLogger("lmrl.trainer")
 
-__all__ = ["ROLLED_BACK", "Doctor"]
+__all__ = ["INTENT", "ROLLED_BACK", "Doctor", "Rollback"]
 
 ROLLED_BACK = "rolled_back"
 BEST_FILE = "best_validation.json"  # {"score", "step"}: the checkpoint a rollback returns to
+INTENT = "rollback.json"  # a rollback under way (`Rollback`), removed once it is done
+
+
+@dataclass(frozen=True)
+class Rollback:
+    """One rollback, as its intent record holds it.
+
+    Attributes:
+        number: its number (its folder ``rolled_back/<number>/``).
+        to: the step of the best checkpoint it returns to.
+        came_from: the step it left.
+        lr_factor: what it multiplies the actor's learning rate by.
+    """
+
+    number: int
+    to: int
+    came_from: int
+    lr_factor: float
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    """Write ``record`` to ``path`` atomically: a temporary file, fsynced, renamed over it."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class Doctor:
@@ -47,21 +103,65 @@ class Doctor:
         max_rollbacks: rollbacks at most over the whole run.
         lr_factor: what each rollback multiplies the actor's learning rate by, in (0, 1).
         resumed: the run resumes from a checkpoint (its best so far is read back).
+        resume_mode: ``trainer.resume_mode``: with ``auto`` a rollback a kill interrupted is
+            finished (`interrupted`); with another mode its intent is dropped.
     """
 
     def __init__(
-        self, run_dir: Path, max_rollbacks: int, lr_factor: float, resumed: bool = False
+        self,
+        run_dir: Path,
+        max_rollbacks: int,
+        lr_factor: float,
+        resumed: bool = False,
+        resume_mode: str = "auto",
     ) -> None:
         self.run_dir = Path(run_dir)
         self.max_rollbacks = max_rollbacks
         self.lr_factor = lr_factor
         self.best: tuple[float, int] | None = None  # (validation score, step)
         self.said: set[str] = set()
+        self.resume_mode = resume_mode
+        interrupted = resume_mode == "auto" and (self.run_dir / INTENT).is_file()
         saved = self.run_dir / BEST_FILE  # a resumed run's best so far
-        if resumed and saved.is_file():
+        if (resumed or interrupted) and saved.is_file():
             with contextlib.suppress(ValueError, KeyError, TypeError):
                 record = json.loads(saved.read_text())
                 self.best = (float(record["score"]), int(record["step"]))
+
+    def interrupted(self) -> Rollback | None:
+        """The rollback a kill interrupted (its intent is still on disk), which the run
+        finishes before its next step; None when there is none, or when the run starts over
+        or resumes from a named checkpoint (the intent is then dropped, with a warning). Its
+        best checkpoint is put back in place if the kill fell inside its save.
+
+        Raises:
+            CheckpointError: the intent record cannot be read.
+        """
+        path = self.run_dir / INTENT
+        if not path.is_file():
+            return None
+        try:
+            rollback = Rollback(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError) as err:
+            raise CheckpointError(
+                f"{path}: unreadable ({err}); it holds a rollback a kill interrupted: restore "
+                "it, or delete it to resume without finishing that rollback"
+            ) from None
+        target = self.run_dir / f"global_step_{rollback.to}"
+        with contextlib.suppress(OSError):
+            finish_replace(self.run_dir, rollback.to)  # a kill inside its re-save
+        why = (
+            f"trainer.resume_mode={self.resume_mode}" if self.resume_mode != "auto"
+            else f"{target} is not a complete checkpoint" if check_checkpoint(target)
+            else None
+        )  # fmt: skip
+        if why is None:
+            return rollback
+        log.warning("run doctor: rollback %d (from step %d back to step %d) was interrupted and "
+                    "is dropped: %s", rollback.number, rollback.came_from, rollback.to,
+                    why)  # fmt: skip
+        path.unlink()
+        return None
 
     @property
     def rollbacks(self) -> int:
@@ -76,7 +176,7 @@ class Doctor:
             return False
         self.best = (score, step)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / BEST_FILE).write_text(json.dumps({"score": score, "step": step}) + "\n")
+        _write_json(self.run_dir / BEST_FILE, {"score": score, "step": step})
         return True
 
     def keep(self) -> Path | None:
@@ -105,11 +205,32 @@ class Doctor:
             self.said.add(message)
             log.warning("%s", message)
 
-    def abandon(self, after: int) -> Path:
-        """Move every checkpoint after step ``after`` into ``rolled_back/<n>/``; returns it."""
-        folder = self.run_dir / ROLLED_BACK / str(self.rollbacks + 1)
-        folder.mkdir(parents=True)
+    def begin(self, came_from: int) -> Rollback:
+        """Write the intent of a rollback from step ``came_from`` to the best checkpoint."""
+        assert self.best is not None, "a rollback needs a best checkpoint (can_roll_back)"
+        rollback = Rollback(self.rollbacks + 1, self.best[1], came_from, self.lr_factor)
+        _write_json(self.run_dir / INTENT, asdict(rollback))
+        return rollback
+
+    def abandon(self, rollback: Rollback) -> Path:
+        """Move every checkpoint after the step ``rollback`` returns to into
+        ``rolled_back/<number>/`` (those a kill left behind, on a resume); returns the folder."""
+        folder = self.run_dir / ROLLED_BACK / str(rollback.number)
+        folder.mkdir(parents=True, exist_ok=True)
         for path in list_checkpoints(self.run_dir):
-            if checkpoint_step(path) > after:
+            if checkpoint_step(path) > rollback.to:
                 shutil.move(str(path), str(folder / path.name))
         return folder
+
+    def saved_scale(self, rollback: Rollback) -> float | None:
+        """The lr scale the best checkpoint was saved again with in ``rollback``, or None
+        while that save is not done (its manifest's ``rollback`` mark)."""
+        mark = manifest_field(self.run_dir / f"global_step_{rollback.to}", "rollback")
+        if isinstance(mark, dict) and mark.get("number") == rollback.number:
+            return float(mark["lr_scale"])
+        return None
+
+    def done(self) -> None:
+        """The rollback under way is complete: remove its intent."""
+        (self.run_dir / INTENT).unlink(missing_ok=True)
+        _fsync_dir(self.run_dir)

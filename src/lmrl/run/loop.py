@@ -8,6 +8,9 @@ hold the same for all of them:
 - **cadence**: validation before the first step (``trainer.val_before_train``), every
   ``test_freq`` steps and after the last; a checkpoint every ``save_freq`` steps and at the
   end; generations logged every ``log_generations_freq`` steps;
+- **one owner**: the run directory's lock (`lmrl.run.lock`) is held from before
+  ``config.yaml`` is written until the program is closed; a directory another process holds
+  is refused in one line naming its pid and command;
 - **signals**: the first SIGINT/SIGTERM finishes the step, saves and returns (exit code 130 or
   143, `exit_code`); the second stops at once (``StopNow``);
 - **no lost work**: a periodic save that fails is logged and retried at the next one; a failed
@@ -23,7 +26,8 @@ hold the same for all of them:
   which are then logged); a run it stops is validated, checkpointed and exported like a run
   that reached its last step;
 - **rollback** (``trainer.max_rollbacks`` > 0, RL): each new best validation is saved, and a
-  collapse the health checks see sends the run back to it at a lower lr (`lmrl.run.doctor`).
+  collapse the health checks see sends the run back to it at a lower lr (`lmrl.run.doctor`);
+  a rollback a kill interrupted is finished before the resumed run's next step.
 
 A run that ends (its last step, or an early stop) writes ``run_dir/final`` (`Program.export`).
 """
@@ -40,9 +44,10 @@ import torch
 
 from lmrl.config.run import RunSettings
 from lmrl.errors import CheckpointError, WorkerError
-from lmrl.run.checkpoint import checkpoint_step, latest_checkpoint, save_checkpoint
-from lmrl.run.doctor import Doctor
-from lmrl.run.resume import RunStart
+from lmrl.run.checkpoint import latest_checkpoint, save_checkpoint
+from lmrl.run.doctor import Doctor, Rollback
+from lmrl.run.lock import RunDirLock
+from lmrl.run.resume import RunStart, check_untouched
 from lmrl.run.signals import EXIT_CODES, StopOnSignal
 
 log = logging.getLogger("lmrl.trainer")
@@ -192,10 +197,12 @@ class RunLoop:
         self.stopped_early = False
         self.last_saved = program.global_step if program.start.resume_from else -1
         self._tracker_failed = False
+        self._signals: StopOnSignal | None = None
         rollbacks, lr_factor = settings.rollbacks()
         self.doctor = (
             Doctor(self.run_dir, rollbacks, lr_factor,
-                   resumed=program.start.resume_from is not None)
+                   resumed=program.start.resume_from is not None,
+                   resume_mode=settings.resume_mode)
             if rollbacks > 0 else None
         )  # fmt: skip
 
@@ -217,10 +224,17 @@ class RunLoop:
         """Run the remaining steps; returns the metrics of the steps run here."""
         prog, t = self.program, self.settings
         start = time.perf_counter()
+        lock = RunDirLock(self.run_dir)
         try:
+            lock.acquire()  # re-entrant: a command or sweep holding it already goes on
+            check_untouched(self.run_dir)
             prog.start.begin(prog.global_step)
             with StopOnSignal() as stop:
-                if t.val_before_train and prog.global_step == 0 and prog.has_validation:
+                self._signals = stop
+                pending = self.doctor.interrupted() if self.doctor is not None else None
+                if pending is not None:  # a rollback a kill interrupted: finished first
+                    self._finish_rollback(pending)
+                elif t.val_before_train and prog.global_step == 0 and prog.has_validation:
                     before = self._validate()
                     prog.health.baseline(before)
                     self.log_metrics(before)
@@ -242,12 +256,22 @@ class RunLoop:
             )
             raise WorkerError(f"{err}; {resume_hint}") from None
         finally:
-            prog.close()
+            try:
+                prog.close()
+            finally:
+                lock.release()
         if self.stopped_by:
             log.warning("%s: stopped after step %d (saved); run the same command to resume",
                         self.stopped_by, prog.global_step)  # fmt: skip
         log.info("ran %d steps in %.1fs", len(self.history), time.perf_counter() - start)
         return self.history
+
+    def interrupt(self, name: str = "SIGTERM") -> None:
+        """Stop after this step as the first signal ``name`` does (saved, resumable, no
+        export): for a run on a thread, which the process's signals do not reach (a sweep's
+        trial on Ray Tune), asked from ``on_step_end``."""
+        if self._signals is not None and self._signals.requested is None:
+            self._signals.requested = name
 
     def _one_step(self) -> None:
         prog, t = self.program, self.settings
@@ -278,20 +302,38 @@ class RunLoop:
 
     def _roll_back(self, step: int) -> None:
         """Back to the best validated checkpoint at a lower lr (`lmrl.run.doctor`)."""
+        assert self.doctor is not None, "a rollback needs the run doctor (max_rollbacks > 0)"
+        self._finish_rollback(self.doctor.begin(step))
+
+    def _finish_rollback(self, rollback: Rollback) -> None:
+        """Carry out a rollback whose intent is written, each part once, so that a run killed
+        anywhere in it and resumed goes on as the uninterrupted run (`lmrl.run.doctor`). Its
+        ``on_stage`` seams: ``rollback`` (nothing moved yet), ``rollback_load`` (the abandoned
+        checkpoints moved), ``save`` (the best saved again, its manifest not yet written) and
+        ``rollback_done`` (saved, the intent not yet removed)."""
         prog, doctor = self.program, self.doctor
         assert doctor is not None, "a rollback needs the run doctor (trainer.max_rollbacks > 0)"
-        path = doctor.keep()
-        number = doctor.rollbacks + 1
-        folder = doctor.abandon(after=checkpoint_step(path))
-        prog.load_checkpoint(path)
-        scale = prog.lower_lr(doctor.lr_factor)
+        self.on_stage("rollback")
+        folder = doctor.abandon(rollback)
+        self.on_stage("rollback_load")
+        prog.load_checkpoint(self.run_dir / f"global_step_{rollback.to}")
+        scale = doctor.saved_scale(rollback)  # saved again before a kill: its lr is lowered
+        if scale is None:
+            scale = prog.lower_lr(rollback.lr_factor)
+            # the best again, with the lower lr (a resume keeps it), marked as this rollback's
+            self.save_checkpoint(note={"rollback": {"number": rollback.number, "lr_scale": scale}})
+        self.last_saved = prog.global_step
+        self.on_stage("rollback_done")
         prog.health.rewind(prog.global_step)
         self.validations = {s: v for s, v in self.validations.items() if s <= prog.global_step}
-        self.save_checkpoint()  # the best again, now with the lower lr (a resume keeps it)
-        log.warning("run doctor: rollback %d: from step %d back to step %d (validation %.3f), "
-                    "actor lr x%g from now on; the abandoned checkpoints are in %s", number,
-                    step, prog.global_step, doctor.best[0], scale, folder)  # fmt: skip
-        self.log_metrics({"doctor/rollback": float(number), "doctor/rolled_back_from": float(step),
+        doctor.done()
+        best = f"{doctor.best[0]:.3f}" if doctor.best is not None else "?"
+        log.warning("run doctor: rollback %d: from step %d back to step %d (validation %s), "
+                    "actor lr x%g from now on; the abandoned checkpoints are in %s",
+                    rollback.number, rollback.came_from, prog.global_step, best, scale,
+                    folder)  # fmt: skip
+        self.log_metrics({"doctor/rollback": float(rollback.number),
+                          "doctor/rolled_back_from": float(rollback.came_from),
                           "doctor/lr_scale": scale})  # fmt: skip
 
     def _validate(self) -> dict[str, float]:
@@ -315,13 +357,15 @@ class RunLoop:
         none by default."""
         return []
 
-    def save_checkpoint(self) -> Path:
-        """Write ``global_step_<N>`` now (atomically); returns its path."""
+    def save_checkpoint(self, note: dict | None = None) -> Path:
+        """Write ``global_step_<N>`` now (atomically), ``note`` in its manifest; returns its
+        path."""
         prog = self.program
         path = save_checkpoint(
             self.run_dir, prog.global_step, prog.checkpoint_weights(), prog.state_dict(),
             self.settings.max_ckpt_to_keep, before_manifest=lambda: self.on_stage("save"),
             command=prog.start.command, keep=self.doctor.keep() if self.doctor else None,
+            note=note,
         )  # fmt: skip
         self.last_saved = prog.global_step
         log.info("checkpoint saved: %s", path)

@@ -128,7 +128,7 @@ PARITY_DOC = """
 Every step that recomputes the old log-probs logs the engine's gap from the trainer
 (`rollout/actor_logprob_abs_diff`, the mean |old - rollout| log-prob over response tokens, in
 nats). The first time it exceeds `trainer.parity_threshold` (default 0.05; 0 or null turns it
-off) the trainer probes that step's batch once (`lmrl.trainer.parity`), logs one warning naming
+off; a negative or NaN threshold is refused) the trainer probes that step's batch once (`lmrl.trainer.parity`), logs one warning naming
 the cause and what to do, and logs `parity/cause` with the probes' figures at that step. The
 probes run cheapest first and stop at the first that accounts for at least half the gap:
 
@@ -145,6 +145,8 @@ mean absolute difference rather than `rollout/mismatch_k3`: it reads in nats per
 probes' figures compare with it in the same unit, where k3 (about d^2/2) hides small per-token
 errors. The default is meant to sit above a healthy bf16 engine's precision gap (about 1e-3 on the
 tiny test model) and below what a missed weight sync or re-tokenized text gives (tenths of a nat).
+Whether the probe ran is part of the checkpoint: a resumed run that had probed does not probe
+again (a rollback returns it to the best checkpoint's).
 """
 
 

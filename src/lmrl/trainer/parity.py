@@ -30,6 +30,12 @@ gap itself (it must explain half of it), so one threshold serves every model siz
 
 Under ``trainer.backend=ray`` the actor and the engine live in worker processes: only the
 tokenization probe (the driver's tokenizer) runs, and the message says so.
+
+"Once per run" holds across a resume: whether the probe ran is part of the trainer's
+checkpoint state (`ParityProbe.state_dict`), so a resumed run that had probed does not probe
+again, and one stopped before its probe probes when the gap first exceeds the threshold. A
+checkpoint written before the state held it loads as not probed. A rollback (the run doctor)
+returns it to the best checkpoint's, with the rest of the state.
 """
 
 from __future__ import annotations
@@ -286,6 +292,15 @@ class ParityProbe:
     def __init__(self, threshold: float | None) -> None:
         self.threshold = threshold if threshold and threshold > 0 else None
         self.done = False
+
+    def state_dict(self) -> dict[str, bool]:
+        """Whether the probe ran (``done``): part of the trainer's checkpoint state."""
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict[str, bool] | None) -> None:
+        """Restore `state_dict`'s; None (a checkpoint written before it held it) is a run
+        that has not probed."""
+        self.done = bool(state["done"]) if state is not None else False
 
     def __call__(self, batch: Batch, gap_metrics: dict, parts) -> dict[str, float]:
         """After `engine_gap`: ``parity/`` metrics at the step the probe runs, else {}.

@@ -302,6 +302,7 @@ class Trainer(RunsOnLoop):
             "actor": self.actor.state_dict(),
             "sampler": self.sampler.state_dict(),
             "rng": rng_state(),
+            "parity": self.parity.state_dict(),  # whether it probed: once per run, resumed too
         }
         if p.critic is not None:
             state["critic"] = p.critic.state_dict()
@@ -335,7 +336,8 @@ class Trainer(RunsOnLoop):
         return self.actor.scale_lr(factor)
 
     def load_checkpoint(self, path: Path) -> None:
-        """Restore the workers' weights and state, the sampler, the KL controller and the RNGs."""
+        """Restore the workers' weights and state, the sampler, the KL controller, the parity
+        probe's ``done`` and the RNGs."""
         p = self.parts
         state = load_state(path)
         for name, worker in self._trained().items():
@@ -349,6 +351,7 @@ class Trainer(RunsOnLoop):
         if p.kl_ctrl is not None:
             p.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.sampler.load_state_dict(state["sampler"])
+        self.parity.load_state_dict(state.get("parity"))  # absent in older checkpoints
         set_rng_state(state["rng"])
         self.global_step = int(state["global_step"])
         if self.ahead is not None:
