@@ -1,11 +1,16 @@
 """``lmrl sweep``: the grid and its refusals, the ranking and stopping rules by hand, a local
-sweep that stops a trial, a Ray Tune sweep, and the lr sweep on the demo's warm start."""
+sweep that stops a trial, a failing trial, a sweep stopped by SIGTERM and resumed, the Ray
+backend's stop path, a Ray Tune sweep, and the lr sweep on the demo's warm start."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from functools import partial
 from pathlib import Path
 
@@ -192,7 +197,7 @@ def test_trials_probe_their_run_directories_under_a_trials_dir_that_stays(tiny_w
     class Launched(Exception):
         pass
 
-    def launch(sweep):
+    def launch(sweep, stop):
         check_run_dir(sweep.trial_dir(0))  # trial 00's probe, as it starts
         assert sweep.trial_dir(0).parent.is_dir()  # trial 01 still finds trials/
         check_run_dir(sweep.trial_dir(1))
@@ -200,6 +205,191 @@ def test_trials_probe_their_run_directories_under_a_trials_dir_that_stays(tiny_w
 
     with pytest.raises(Launched):
         run_sweep(sweep, launch)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def test_sigterm_stops_the_sweep_saved_and_the_same_command_resumes_it(tiny_workspace, tmp_path):
+    """SIGTERM in trial 01: it saves, the table is written, exit 143; meanwhile a second sweep
+    into the folder is refused (its lock), and so is another sweep's definition. The same
+    command then keeps trial 00 and resumes trial 01 from its checkpoint."""
+    out = tmp_path / "sweep"
+    args = [*_tiny_sweep_args(tiny_workspace, tmp_path), "trainer.save_freq=1", "--grid",
+            "reward.custom_reward_function.reward_kwargs.scale=1,2", "--steps", "6",
+            "--test-freq", "6", "--out", str(out)]  # fmt: skip
+    command = [sys.executable, "-m", "lmrl.cli", "sweep", *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    try:
+        _wait_for(out / "trials" / "00" / "global_step_1", proc)
+        assert main(["sweep", *args]) == 2  # the folder is the running sweep's
+        _wait_for(out / "trials" / "01" / "global_step_1", proc)
+        proc.send_signal(signal.SIGTERM)
+        printed, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err[-3000:]
+    assert "run the same command to resume" in printed
+    rows = {r["trial"]: r for r in csv.DictReader((out / "trials.csv").open())}
+    assert rows["00"]["status"] == "completed"
+    assert rows["01"]["status"].startswith("interrupted at step")
+    stopped_at = int(rows["01"]["steps"])
+    assert 1 <= stopped_at < 6 and (out / "trials" / "01" / f"global_step_{stopped_at}").is_dir()
+    assert not (out / "trials" / "01" / "final").exists()
+    assert (out / "best.txt").read_text().strip().endswith("scale=1")
+    kept = (out / "trials" / "00" / "sweep_trial.json").stat().st_mtime_ns
+
+    assert main(["sweep", *args[:-6], "--steps", "5", *args[-4:]]) == 2  # another sweep
+
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {out / 'trials' / '01' / f'global_step_{stopped_at}'}" in again.stderr
+    assert (out / "trials" / "00" / "sweep_trial.json").stat().st_mtime_ns == kept  # not re-run
+    rows = {r["trial"]: r for r in csv.DictReader((out / "trials.csv").open())}
+    assert [rows[t]["status"] for t in ("00", "01")] == ["completed", "completed"]
+    assert rows["01"]["steps"] == "6"
+    resumed = json.loads((out / "trials" / "01" / "sweep_trial.json").read_text())
+    assert sorted(resumed["val"]) == ["0", "6"]  # its validation before training kept
+    assert (out / "trials" / "01" / "final").is_dir()
+    assert not (out / ".lmrl.lock").exists()
+
+
+def test_a_failing_trial_is_marked_failed_and_the_others_run(
+    tiny_workspace, tmp_path, monkeypatch, capsys
+):
+    """A trial that raises (here a bug's IndexError, as a sampler on NaN weights raised) is
+    failed with its error in the table and a traceback beside its run; the next one runs."""
+    from lmrl.trainer import Trainer
+
+    step = Trainer.step
+
+    def failing_step(self):
+        if self.start.run_dir.name == "00":
+            raise IndexError("index 259 is out of bounds for dimension 0 with size 259")
+        return step(self)
+
+    monkeypatch.setattr(Trainer, "step", failing_step)
+    out = tmp_path / "sweep"
+    code = main(["sweep", *_tiny_sweep_args(tiny_workspace, tmp_path), "--grid",
+                 "reward.custom_reward_function.reward_kwargs.scale=1,2", "--steps", "1",
+                 "--out", str(out)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err[-3000:]
+    rows = {r["trial"]: r for r in csv.DictReader((out / "trials.csv").open())}
+    assert rows["01"]["status"] == "completed" and rows["01"]["rank"] == "1"
+    assert rows["00"]["status"] == "failed: IndexError: index 259 is out of bounds for " \
+        "dimension 0 with size 259"  # fmt: skip
+    assert "Traceback" in (out / "trials" / "00" / "error.txt").read_text()
+    assert "failed: IndexError" in (out / "trials.md").read_text()
+    assert (out / "best.txt").read_text().strip().endswith("scale=2")
+
+
+@pytest.mark.parametrize("case", ["out_file", "out_under_file", "metric_form", "metric_source",
+                                  "gpus"])  # fmt: skip
+def test_sweep_refusals_are_one_line(case, tiny_workspace, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    extra, message = [], ""
+    if case in ("out_file", "out_under_file"):
+        (tmp_path / "file").write_text("x")
+        out = tmp_path / "file" if case == "out_file" else tmp_path / "file" / "sub"
+        message = "is a file, not a folder" if case == "out_file" else "is inside"
+    elif case == "metric_form":  # refused before any trial runs
+        extra, message = ["--metric", "val/digits/accc"], "is not a validation metric"
+    elif case == "metric_source":  # refused at the first validation
+        extra = ["--metric", "val/digitz/acc"]
+        message = "is not a metric of this run's validation; it logs val/digits/mean@1"
+    else:
+        pytest.importorskip("ray.tune")
+        import torch
+
+        gpus = torch.cuda.device_count()
+        extra = ["--backend", "ray", "--gpus-per-trial", str(gpus + 1)]
+        message = f"--gpus-per-trial {gpus + 1}: this machine has {gpus} GPU(s)"
+    code = main(["sweep", *_tiny_sweep_args(tiny_workspace, tmp_path), "--grid",
+                 "reward.custom_reward_function.reward_kwargs.scale=1,2", "--steps", "1",
+                 "--out", str(out), *extra])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err, err
+    assert err[-1].startswith("lmrl sweep: error: ") and message in err[-1], err[-1]
+    assert not any(line.startswith("Traceback") for line in err)
+    assert not (out / "trials" / "00" / "sweep_trial.json").exists()
+    if case == "metric_source":  # nothing scored: the corrected metric resumes the folder
+        from lmrl.sweep import plan_sweep
+
+        plan_sweep(None, _tiny_sweep_args(tiny_workspace, tmp_path),
+                   ["reward.custom_reward_function.reward_kwargs.scale=1,2"], out=out, steps=1,
+                   metric="val/digits/acc")  # fmt: skip
+
+
+def test_ray_trials_stop_saved_at_the_sweeps_stop_file(tiny_workspace, tmp_path):
+    """The Ray backend's stop path without Ray: the sweep's first SIGTERM (handled after Ray
+    took SIGTERM for itself) writes DIR/.stop; a trial reading it stops after its step, saved
+    and resumable, and a trial not started returns at once."""
+    pytest.importorskip("ray.tune")
+    from lmrl.sweep import STOP_FILE, StopFile, plan_sweep, run_trial
+    from lmrl.sweep.tune import _StopTrials, _trainable
+
+    sweep = plan_sweep(
+        None, [*_tiny_sweep_args(tiny_workspace, tmp_path), "trainer.save_freq=-1"],
+        ["reward.custom_reward_function.reward_kwargs.scale=1,2"], out=tmp_path / "sweep",
+        steps=3, test_freq=3,
+    )  # fmt: skip
+    sweep.trial_dir(0).parent.mkdir(parents=True)
+    stop = StopFile(sweep.out / STOP_FILE)
+    previous = signal.getsignal(signal.SIGTERM)
+    with _StopTrials(stop) as signals:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert signals.requested == "SIGTERM" and stop.requested == "SIGTERM"
+
+    class AfterLoad:  # the request comes once the trial's models have loaded
+        reads = 0
+
+        @property
+        def requested(self):
+            self.reads += 1
+            return stop.requested if self.reads > 1 else None
+
+    record = run_trial(sweep, 0, stop=AfterLoad())
+    assert record.status == "interrupted" and record.steps == 1
+    assert (sweep.trial_dir(0) / "global_step_1").is_dir()
+    assert not (sweep.trial_dir(0) / "final").exists()
+    assert _trainable({"index": 1}, sweep, 1) is None
+    assert not sweep.trial_dir(1).exists()
+
+
+def test_a_resumed_sweeps_early_stopping_holds_the_kept_trials_scores(tmp_path):
+    """The scores the folder's trials were judged on at each rung, replayed into the local
+    rule and into Ray's ASHA: a resumed trial is judged as it would have been."""
+    pytest.importorskip("ray.tune")
+    from ray.tune.schedulers import ASHAScheduler
+
+    from lmrl.sweep import Sweep, records_on_disk, replay
+    from lmrl.sweep.tune import _replay_rungs
+
+    sweep = Sweep(None, (), ({"k": "1"}, {"k": "2"}), steps=4, test_freq=1, out=tmp_path)
+    TrialRecord(0, {"k": "1"}, str(sweep.trial_dir(0)), 4, "completed",
+                {0: 0.1, 1: 0.2, 2: 0.3, 4: 0.5}).save()  # fmt: skip
+    TrialRecord(1, {"k": "2"}, str(sweep.trial_dir(1)), 1, "stopped", {0: 0.1, 1: 0.0}).save()
+    halving = SuccessiveHalving(1, 4)
+    for record in records_on_disk(sweep).values():
+        replay(halving, sweep, record)
+    # gain per step at each rung: trial 0 +0.1 at steps 1 and 2, trial 1 -0.1 at step 1
+    assert halving.rungs == {1: {0: pytest.approx(0.1), 1: pytest.approx(-0.1)},
+                             2: {0: pytest.approx(0.1)}}  # fmt: skip
+    assert not halving.keep(2, 1, -0.05)  # below the median of [0.1, -0.1]
+    scheduler = ASHAScheduler(time_attr="step", max_t=4, grace_period=1, reduction_factor=2)
+    _replay_rungs(scheduler, sweep)
+    rungs = {milestone: recorded for milestone, recorded in scheduler._brackets[0]._rungs}
+    assert rungs[1] == {"sweep-trial-00": pytest.approx(0.1), "sweep-trial-01": pytest.approx(-0.1)}
+    assert rungs[2] == {"sweep-trial-00": pytest.approx(0.1)}
 
 
 def test_ray_tune_sweep_runs_both_trials_and_stops_ray(tiny_workspace, tmp_path, capsys):

@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "slope then orders the trial (default 0.01)")  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the --samples draws")
     p.add_argument("--out", type=Path, default=None,
-                   help="the sweep's folder, new or empty (default sweeps/sweep-<time>)")  # fmt: skip
+                   help="the sweep's folder, new or empty, or a stopped sweep's to resume it "
+                   "(default sweeps/sweep-<time>)")  # fmt: skip
     p.set_defaults(func=commands._sweep)
 
     p = sub.add_parser("plot", help="draw a run's metrics.jsonl as a PNG (RUN_DIR/plot.png)")

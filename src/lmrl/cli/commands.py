@@ -107,8 +107,8 @@ def _oom_plan(cfg) -> str:
 def _plan_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, default=None, help="a YAML config (or give it first)")
     p.add_argument("--device-memory", default=None, metavar="SIZE",
-                   help="memory of one device (80GiB, 80GB, 512MiB): does it fit, and the "
-                   "largest micro-batch that does")  # fmt: skip
+                   help="memory of one device with its unit (80GiB, 80GB, 512MiB; a bare "
+                   "number is refused): does it fit, and the largest micro-batch that does")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
 
 
@@ -160,13 +160,17 @@ def _config_command(
     """A command that runs one program on the run loop (``lmrl train``, ``lmrl sft``,
     ``lmrl train-flow``): ``--help`` prints ``usage`` and the keys; otherwise every config
     error comes before any model loads, then ``build(cfg)`` makes the program, which runs to
-    its end; the exit code is 130/143 when a signal stopped it (saved, resumable). An
+    its end; the exit code is 130/143 when a signal stopped it (saved, resumable). The run
+    directory is locked from before the build to the command's end (`lmrl.run.lock`): a
+    second command into it, or one into a sweep's folder, is refused in one line. An
     out-of-memory error is one line that quotes ``oom_plan(cfg)`` (`lmrl plan`'s summary)."""
     import logging
 
     import torch
 
     from lmrl.logging.configure import configure_logging
+    from lmrl.run.lock import RunDirLock, refuse_sweep_folder
+    from lmrl.run.resume import check_run_dir
 
     if args.help:
         print(usage)
@@ -174,9 +178,13 @@ def _config_command(
         return 0
     configure_logging(logging.INFO)
     cfg = load(args.config, args.overrides)
+    run_dir = Path(cfg.trainer.default_local_dir)
+    check_run_dir(run_dir)  # a file or an unwritable place: named before it is locked
+    refuse_sweep_folder(run_dir, f"lmrl {args.command}")
     try:
-        program = build(cfg)
-        program.fit()
+        with RunDirLock(run_dir):
+            program = build(cfg)
+            program.fit()
     except torch.OutOfMemoryError as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else "out of memory"
         plan = f"; {oom_plan(cfg)}; `lmrl plan` with the same keys shows every phase" if (
@@ -274,15 +282,17 @@ def _sweep(args: argparse.Namespace) -> int:
     out = args.out or Path("sweeps") / time.strftime("sweep-%Y%m%d-%H%M%S")
     if args.cpus_per_trial < 1 or args.gpus_per_trial < 0:
         raise LmrlError("--cpus-per-trial must be >= 1 and --gpus-per-trial >= 0")
-    from lmrl.sweep import format_table, plan_sweep, run_sweep, table_rows
+    from lmrl.sweep import format_table, plan_sweep, records_on_disk, run_sweep, table_rows
 
     sweep = plan_sweep(
         config, overrides, args.grid or [], out=out, samples=args.samples, steps=args.steps,
         test_freq=args.test_freq, eta=args.eta, metric=args.metric, flat=args.flat,
         seed=args.seed,
     )  # fmt: skip
+    kept = records_on_disk(sweep)
+    again = f", {len(kept)} of them resumed or kept from {out}" if kept else ""
     print(f"lmrl sweep: {len(sweep.trials)} trials of {sweep.steps} steps ({args.backend}), "
-          f"validated every {sweep.test_freq}; results in {out}", flush=True)  # fmt: skip
+          f"validated every {sweep.test_freq}{again}; results in {out}", flush=True)  # fmt: skip
     runner = None  # one after another, here
     if args.backend == "ray":
         import functools
@@ -294,11 +304,18 @@ def _sweep(args: argparse.Namespace) -> int:
     records, paths = run_sweep(sweep, runner)
     print(format_table(table_rows(sweep, records)))
     print(f"table: {paths['csv']} ({paths['table'].name}); plot: {paths['plot']}")
+    if paths["stopped_by"]:
+        from lmrl.run.signals import EXIT_CODES
+
+        same = "the same command" + (f" with --out {out}" if args.out is None else "")
+        print(f"{paths['stopped_by']}: the sweep stopped (the running trials saved); run {same} "
+              "to resume it")  # fmt: skip
+        return EXIT_CODES.get(paths["stopped_by"], 130)
     if paths["best"] is None:
         print("no trial completed: nothing to recommend")
         return 1
     print(f"best: {paths['best']}")
-    return 130 if any(r.status == "interrupted" for r in records) else 0
+    return 0
 
 
 def _plot(args: argparse.Namespace) -> int:
@@ -374,14 +391,17 @@ def _eval(args: argparse.Namespace) -> int:
         )
     if owner == "lmrl train-flow":  # an image run: its images scored by any reward
         from lmrl.config.flow import load_flow_config
+        from lmrl.run.lock import RunDirLock
         from lmrl.trainer.flow_report import evaluate_flow
 
         cfg = load_flow_config(
             checkpoint.parent / "config.yaml",
             [f"trainer.default_local_dir={checkpoint.parent}", *args.overrides],
         )
-        print(json.dumps(evaluate_flow(cfg, checkpoint), indent=1))
+        with RunDirLock(checkpoint.parent):  # it writes the run's eval/: one owner at a time
+            print(json.dumps(evaluate_flow(cfg, checkpoint), indent=1))
         return 0
+    # a text run's eval writes nothing: it may read a run that is training
     cfg = load_config(
         checkpoint.parent / "config.yaml",
         [f"trainer.resume_mode={checkpoint}", *args.overrides],
