@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -140,3 +142,57 @@ def test_merged_state_equals_peft_merge_and_unload(lora_actor):
         torch.testing.assert_close(got[key], want[key], atol=1e-6, rtol=1e-6, msg=key)
     plain = merge_lora(lora_actor).state_dict()
     assert merged_state(plain, scaling=2.0).keys() == plain.keys()  # no adapter: unchanged
+
+
+def test_target_modules_that_match_nothing_are_one_line(qwen_dir):
+    """A name of ``model.target_modules`` that no module has: one line naming it and the
+    layers there are, before PEFT (which trains the others, or fails with a traceback when
+    none matches); the rule ``lmrl train-flow`` applies too."""
+    import lmrl.flow.pipelines
+    import lmrl.models.lora
+    from lmrl.errors import ModelError
+
+    for targets in (["q_proj", "qkv_proj"], "qkv_proj"):
+        with pytest.raises(ModelError) as err:
+            apply_lora(load_causal_lm(qwen_dir), lora_rank=2, target_modules=targets)
+        message = str(err.value)
+        assert message.startswith("model.target_modules: 'qkv_proj' matches no module of ")
+        assert "q_proj, up_proj, v_proj" in message and "\n" not in message
+    assert lmrl.flow.pipelines.check_lora_targets is lmrl.models.lora.check_lora_targets
+
+
+def test_wrapping_and_loading_give_no_checkpointing_future_warning(qwen_dir, tmp_path):
+    """PEFT asks the model for transformers' deprecated ``is_gradient_checkpointing``: no
+    FutureWarning reaches a LoRA run, with activation checkpointing on or off."""
+    import warnings
+
+    for checkpointing in (False, True):
+        model = load_causal_lm(qwen_dir, gradient_checkpointing=checkpointing)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            wrapped = apply_lora(model, lora_rank=2)
+            save_lora(wrapped, tmp_path / "adapter")
+            load_lora(load_causal_lm(qwen_dir), tmp_path / "adapter")
+
+
+def test_the_adapter_names_a_local_base_model_by_its_absolute_path(
+    qwen_dir, lora_actor, tmp_path, monkeypatch
+):
+    """``final/adapter`` loads from any directory: a relative ``model.path`` is recorded
+    absolute; a hub id (no such local path) as it is."""
+    import json
+
+    from lmrl.models.lora import save_adapter
+
+    monkeypatch.chdir(qwen_dir.parent)
+    state, out = lora_actor.state_dict(), tmp_path / "adapter"
+    save_adapter(state, out, lora_alpha=8, base_path="Qwen/Qwen2.5-0.5B")
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "Qwen/Qwen2.5-0.5B"
+    save_adapter(state, out, lora_alpha=8, base_path=qwen_dir.name)  # relative, as typed
+    recorded = Path(
+        json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
+    )
+    assert recorded.is_absolute() and recorded.resolve() == Path(qwen_dir).resolve()
+    monkeypatch.chdir(tmp_path)  # elsewhere: the base the adapter names loads
+    assert is_lora(load_lora(load_causal_lm(recorded), out))

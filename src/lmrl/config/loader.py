@@ -4,9 +4,12 @@
 verl's nesting, Hydra/OmegaConf ``${...}`` interpolations resolved within the file), then the
 command-line overrides in order (later wins). Every key goes through the verl translation
 table (``lmrl.config.verl``), is checked against the schema (unknown keys get a
-did-you-mean), and its value is converted to the key's type. Then the config is resolved
-(``null`` = "same as X" defaults filled in) and validated (``lmrl.config.validate``). All
-problems found are raised together as one ``ConfigError``; nothing loads a model.
+did-you-mean), and its value is converted to the key's type. Two keys that land on one key of
+ours with different values (verl's actor and critic ``param_dtype``, both lmrl's
+``model.mixed_precision.param_dtype``) are one error naming both (``lmrl.config.setters``),
+never a silent last-wins. Then the config is resolved (``null`` = "same as X" defaults filled
+in) and validated (``lmrl.config.validate``). All problems found are raised together as one
+``ConfigError``; nothing loads a model.
 
 Notices (verl keys that change nothing here, keys the user set that change nothing given the
 others, harmless oddities) go to the ``lmrl.config`` logger at WARNING level, one line each,
@@ -44,6 +47,7 @@ from lmrl.config.fields import FieldSpec, Mismatch, coerce, leaf_paths, schema
 from lmrl.config.fields import get_path as _get
 from lmrl.config.fields import set_path as _set
 from lmrl.config.schema import Config
+from lmrl.config.setters import Setters
 from lmrl.config.validate import check_config, inert_keys, resolve_config
 from lmrl.config.verl import Translation, translate, verl_spellings
 
@@ -426,8 +430,8 @@ def _build(
     cfg = kind.root()
     spec = schema(kind.root)
     deferred: list[tuple[str, _Entry, Any]] = []  # (path, entry, value) of Translation.also
-    for layer in layers:
-        seen: dict[str, tuple[_Entry, Any]] = {}
+    setters = Setters(kind.spellings)
+    for number, layer in enumerate(layers):
         for entry in layer:
             tr = kind.translate(entry.key, entry.value)
             where = f" ({entry.source})"
@@ -445,6 +449,8 @@ def _build(
                     error = _set_option(cfg, spec[holder], path, entry, tr.value)
                     if error:
                         errors.append(error + where)
+                    elif error := setters.conflict(path, entry, _lookup(cfg, path), number):
+                        errors.append(error)
                     else:
                         written[path] = (entry, tr.value)
                     continue
@@ -482,14 +488,11 @@ def _build(
                     f"{entry.key}{mapped}: expected {err.expected}, got {tr.value!r}{hint}{where}"
                 )
                 continue
-            if entry.raw is None and tr.update is None and path in seen and seen[path][1] != value:
-                other = seen[path][0]
-                errors.append(
-                    f"{path} is set twice{where}: {other.key}={seen[path][1]!r} and "
-                    f"{entry.key}={value!r}; keep one"
-                )
+            if tr.update is None and setters.ignores(path, entry, value):
                 continue
-            seen[path] = (entry, value)
+            if tr.update is None and (error := setters.conflict(path, entry, value, number)):
+                errors.append(error)
+                continue
             # a notice quotes what the user wrote (param_offload=true, not offload='params')
             written[path] = (entry, value if tr.update is None else entry.value)
             _set(cfg, path, value)

@@ -153,7 +153,9 @@ class ModelConfig:
     )
     lora_alpha: int = opt(16, "LoRA scaling numerator (scale = lora_alpha / lora_rank).")
     target_modules: str | list[str] = opt(
-        "all-linear", "Modules LoRA adapts: all-linear or a list of module names."
+        "all-linear",
+        "Modules LoRA adapts: all-linear or a list of module names (each must name a module of "
+        "the model, e.g. q_proj, or the run refuses it when the model loads).",
     )
 
 

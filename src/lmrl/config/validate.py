@@ -32,7 +32,10 @@ Choices made here:
   without Ray installed and ``rollout.name=vllm`` without vLLM installed.
 - Keys that change nothing given the others (``actor.kl_loss_coef`` while
   ``actor.use_kl_loss=false``) are listed by ``inert_keys``; the loader gives a one-line
-  notice for each one the user set, in the words of the verl notices.
+  notice for each one the user set, in the words of the verl notices. A few are errors
+  instead (``Findings.unused``: a value other than the default that nothing would read):
+  ``trainer.rollback_lr_factor`` with ``trainer.max_rollbacks=0``,
+  ``rollout.multi_turn.format`` with multi-turn off.
 """
 
 from __future__ import annotations

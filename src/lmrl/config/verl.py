@@ -24,7 +24,9 @@ switching its own part, ``Rule.flag``), Search-R1's ``retriever.url`` onto ``ret
 (only a URL: ``Rule.accepts``), verl's ``launch_reward_fn_async`` onto an option of
 ``reward.overlap``. lmrl's own keys folded since keep translating the same way
 (``reward.in_flight_chunks`` -> ``reward.overlap.chunks``, the ``trainer.rollback`` switch onto
-``trainer.max_rollbacks``: ``Rule.count``).
+``trainer.max_rollbacks``: ``Rule.count``). Two keys that land on one key of ours with
+different values (the actor's and the critic's ``param_dtype``) are refused by the loader,
+naming both (``lmrl.config.setters``): lmrl has one value where verl has one per role.
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ VERL_RULES: tuple[Rule, ...] = (
     Rule("actor.fsdp_config.param_offload", "actor.offload", flag="params"),
     Rule("actor.fsdp_config.optimizer_offload", "actor.offload", flag="optimizer"),
     # one precision for every model: actor, ref and critic keys all set model.mixed_precision
-    # (two different values in one file are an error: "set twice")
+    # (two of them with different values are an error: "set twice", naming both)
     Rule("actor.fsdp_config.mixed_precision.*", "model.mixed_precision.*"),
     Rule("actor.fsdp_config.*", None, _FSDP),
     Rule("actor.use_dynamic_bsz", None, _BSZ),

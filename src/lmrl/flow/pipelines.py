@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from lmrl.errors import DataError, ModelError
+from lmrl.models.lora import check_lora_targets  # the rule of every command's LoRA
 
 __all__ = [
     "PIPELINES",
@@ -47,6 +48,7 @@ __all__ = [
     "check_lora_targets",
     "load_lora_weights",
     "load_pipeline",
+    "read_model_index",
 ]
 
 # Flow-GRPO's SD3 LoRA (scripts/train_sd3.py): the joint attention's projections, both streams
@@ -55,23 +57,6 @@ SD3_LORA_TARGETS = [
     "attn.to_k", "attn.to_out.0", "attn.to_q", "attn.to_v",
 ]  # fmt: skip
 IMAGE_FLOW_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"]
-
-
-def check_lora_targets(model: torch.nn.Module, targets: list[str], where: str) -> None:
-    """Refuse a LoRA target that names no module of ``model`` (PEFT would train the others,
-    or, when none matches, an adapter of nothing).
-
-    Raises:
-        ModelError: naming the first target that matches nothing.
-    """
-    names = [name for name, _ in model.named_modules()]
-    for target in targets:
-        if not any(n == target or n.endswith("." + target) for n in names):
-            raise ModelError(
-                f"model.target_modules: {target!r} matches no module of {where} (a LoRA of it "
-                "would train nothing); name modules such as "
-                f"{', '.join(sorted({n.rsplit('.', 1)[-1] for n in names if n})[:8])}"
-            )
 
 
 def load_lora_weights(model: torch.nn.Module, path: str | Path) -> None:
@@ -230,7 +215,9 @@ class SD3Pipeline:
         from diffusers import StableDiffusion3Pipeline
 
         where = Path(path)
-        index = json.loads((where / "model_index.json").read_text())
+        index = read_model_index(where)
+        if index is None:
+            raise ModelError(f"model.path={where}: no model_index.json (not a diffusers pipeline)")
         for name in SD3_REQUIRED:
             spec = index.get(name)
             if not spec or spec[0] is None:
@@ -342,6 +329,31 @@ class SD3Pipeline:
 PIPELINES = {"StableDiffusion3Pipeline": SD3Pipeline}
 
 
+def read_model_index(path: str | Path) -> dict[str, Any] | None:
+    """The ``model_index.json`` of a diffusers pipeline directory as a dict, or None when
+    ``path`` holds none.
+
+    Raises:
+        ModelError: a ``model_index.json`` that cannot be read, is not valid JSON or not a JSON
+            object (one line naming the file and the parse error).
+    """
+    index = Path(path) / "model_index.json"
+    if not index.is_file():
+        return None
+    try:
+        found = json.loads(index.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise ModelError(f"cannot read {index}: {err}") from None
+    except ValueError as err:
+        raise ModelError(f"cannot read {index}: not valid JSON ({err})") from None
+    if not isinstance(found, dict):
+        raise ModelError(
+            f"cannot read {index}: a diffusers model_index.json is a JSON object, this one is "
+            f"a {type(found).__name__}"
+        )
+    return found
+
+
 def load_pipeline(
     path: str | Path,
     device: torch.device,
@@ -356,18 +368,18 @@ def load_pipeline(
 
     Raises:
         ModelError: a diffusers pipeline of another kind, a transformers model, a missing
-            component, or no image model at all (one line naming what was found).
+            component, a ``model_index.json`` or ``config.json`` that is not valid JSON (naming
+            the file and the parse error), or no image model at all (one line naming what was
+            found).
     """
     where = Path(path)
-    index = where / "model_index.json"
-    if index.is_file():
-        try:
-            kind = json.loads(index.read_text()).get("_class_name")
-        except (ValueError, AttributeError):
-            kind = None
+    index = read_model_index(where)
+    if index is not None:
+        kind = index.get("_class_name")
         if kind not in PIPELINES:
             raise ModelError(
-                f"model.path={where} holds a diffusers {kind or 'pipeline of unknown kind'}; "
+                f"model.path={where} holds a diffusers "
+                f"{kind or 'pipeline of unknown kind (model_index.json names no _class_name)'}; "
                 f"lmrl train-flow trains {', '.join(PIPELINES)} directories (SD3, SD3.5) or an "
                 "lmrl ImageFlow"
             )
@@ -378,9 +390,11 @@ def load_pipeline(
     config = where / "config.json"
     if config.is_file():
         try:
-            found = json.loads(config.read_text())
-        except ValueError:
-            found = {}
+            found = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as err:
+            raise ModelError(f"cannot read {config}: {err}") from None
+        except ValueError as err:
+            raise ModelError(f"cannot read {config}: not valid JSON ({err})") from None
         if isinstance(found, dict) and found.get("type") != "lmrl-image-flow":
             what = found.get("model_type") or found.get("_class_name") or "model"
             raise ModelError(

@@ -10,15 +10,19 @@ to zero, so a fresh adapter leaves the model's outputs unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
-from collections.abc import Sequence
+import os
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
+from lmrl.errors import ModelError
 from lmrl.models.loading import ModelPathError, weight_errors
 
 
@@ -45,6 +49,8 @@ def apply_lora(
 
     Returns:
         The ``PeftModel``; ``print_trainable_parameters()`` shows what trains.
+    Raises:
+        ModelError: a name of ``target_modules`` that matches no module of ``model``.
     """
     if is_lora(model):
         raise ValueError("model already has a LoRA adapter")
@@ -54,6 +60,8 @@ def apply_lora(
         raise ValueError(f"lora_alpha must be > 0, got {lora_alpha}")
     if isinstance(target_modules, str) and target_modules != "all-linear":
         target_modules = [target_modules]
+    if not isinstance(target_modules, str):
+        check_lora_targets(model, list(target_modules), _model_name(model))
     config = LoraConfig(
         task_type="CAUSAL_LM",
         r=lora_rank,
@@ -62,9 +70,62 @@ def apply_lora(
         lora_dropout=lora_dropout,
         bias="none",
     )
-    peft_model = get_peft_model(model, config)
+    with _peft_wraps():
+        peft_model = get_peft_model(model, config)
     _draw_a_on_the_cpu(peft_model, torch.initial_seed())
     return peft_model
+
+
+def check_lora_targets(model: nn.Module, targets: Sequence[str], where: str) -> None:
+    """Refuse a LoRA target that names no module of ``model`` (PEFT would train the others,
+    or, when none matches, fail with a traceback): a name matches a module whose dotted
+    name is it or ends with ``.name``, as PEFT matches a list of names. The rule of
+    ``lmrl train``, ``lmrl sft`` and ``lmrl train-flow`` alike.
+
+    Raises:
+        ModelError: naming the first target that matches nothing, and some module names.
+    """
+    modules = dict(model.named_modules())
+    for target in targets:
+        if not any(n == target or n.endswith("." + target) for n in modules):
+            raise ModelError(
+                f"model.target_modules: {target!r} matches no module of {where} (a LoRA of it "
+                f"would train nothing); name modules such as {', '.join(_layer_names(modules))}"
+            )
+
+
+def _layer_names(modules: dict[str, nn.Module], most: int = 12) -> list[str]:
+    """Short names of the layers a LoRA can adapt (leaf modules with a matrix or a kernel):
+    the last part of each name, two parts where it is an index (``to_out.0``)."""
+    names = set()
+    for name, module in modules.items():
+        weight = getattr(module, "weight", None)
+        leaf = name and not any(module.children())
+        if leaf and isinstance(weight, torch.Tensor) and weight.dim() >= 2:
+            parts = name.split(".")
+            names.add(".".join(parts[-2:]) if parts[-1].isdigit() else parts[-1])
+    return sorted(names)[:most]
+
+
+def _model_name(model: nn.Module) -> str:
+    """``the model 'PATH'`` (``config._name_or_path``, as loaded), else its class name."""
+    path = getattr(getattr(model, "config", None), "_name_or_path", None)
+    return f"the model {path!r}" if path else type(model).__name__
+
+
+@contextlib.contextmanager
+def _peft_wraps() -> Iterator[None]:
+    """Around PEFT's wrapping of a transformers model: PEFT asks the model
+    ``getattr(model, "is_gradient_checkpointing", True)``, a property transformers 5 deprecated
+    (a FutureWarning on every wrap, pointing at transformers) in favour of
+    ``is_activation_checkpointing``, which it returns. The read is in ``PeftModel.__init__``
+    (PEFT 0.21), which no PEFT API that wraps a model avoids, so this one warning is ignored
+    here, where lmrl calls PEFT; any other warning passes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning
+        )
+        yield
 
 
 def _draw_a_on_the_cpu(model: PeftModel, seed: int) -> None:
@@ -107,7 +168,7 @@ def load_lora(model: nn.Module, adapter_path: str | Path, is_trainable: bool = T
     path = Path(adapter_path)
     if not (path / "adapter_config.json").is_file():
         raise ModelPathError(f"no LoRA adapter at {str(path)!r} (adapter_config.json missing)")
-    with weight_errors(str(path), "LoRA adapter"):
+    with weight_errors(str(path), "LoRA adapter"), _peft_wraps():
         return PeftModel.from_pretrained(model, str(path), is_trainable=is_trainable)
 
 
@@ -148,7 +209,8 @@ def save_adapter(
     ``adapter_config.json`` and ``adapter_model.safetensors``, as ``PeftModel.save_pretrained``
     writes them: keys ``base_model.model.<module>.lora_A.weight`` (the adapter's name dropped),
     ``target_modules`` the adapted modules' own names, ``base_model_name_or_path`` the run's
-    ``model.path``. ``PeftModel.from_pretrained(base, out_dir)`` then loads it, on the base
+    ``model.path`` (a local directory as an absolute path, so the adapter loads from anywhere;
+    a hub id as it is). ``PeftModel.from_pretrained(base, out_dir)`` then loads it, on the base
     model without lmrl (vLLM's LoRA serving and ``peft`` users take this directory).
 
     Args:
@@ -176,13 +238,21 @@ def save_adapter(
         raise ValueError("save_adapter: the state holds no LoRA adapter (no lora_A/lora_B keys)")
     config = LoraConfig(
         task_type="CAUSAL_LM", r=rank, lora_alpha=lora_alpha, target_modules=sorted(modules),
-        lora_dropout=0.0, bias="none", base_model_name_or_path=str(base_path),
+        lora_dropout=0.0, bias="none", base_model_name_or_path=base_model_id(base_path),
     )  # fmt: skip
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(str(out))
     save_file(adapter, out / "adapter_model.safetensors", metadata={"format": "pt"})
     return out
+
+
+def base_model_id(path: str | Path) -> str:
+    """``path`` as an adapter records its base model: a local directory made absolute (``~``
+    expanded, ``..`` folded, symlinks kept); anything else (a hub id such as
+    ``Qwen/Qwen2.5-0.5B``) as it is."""
+    local = os.path.expanduser(str(path))
+    return os.path.abspath(local) if os.path.exists(local) else str(path)
 
 
 def adapter_export(state: dict[str, torch.Tensor], model_cfg):
