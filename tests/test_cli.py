@@ -673,3 +673,22 @@ def test_pretrain_flow_help_shows_its_defaults(capsys):
     assert "(default: 400, as `lmrl demo --task flow` pre-trains)" in out
     assert "(default: 64)" in out and "(default: 0.002)" in out
     assert "(default: 0.0; `lmrl demo --task flow` uses 0.25)" in out
+
+
+def test_eval_of_an_image_run_with_sampler_n_0_is_one_line(tmp_path, capsys):
+    """``lmrl eval RUN sampler.n=0`` on an image run: the key's range in one line, before any
+    model loads (the run here is its config and an empty checkpoint directory)."""
+    from lmrl.config.flow import load_flow_config
+    from lmrl.config.loader import save_config
+
+    run = tmp_path / "run"
+    cfg = load_flow_config(None, [
+        f"model.path={tmp_path / 'model'}", f"data.train_files={tmp_path / 'p.txt'}",
+        f"data.val_files={tmp_path / 'p.txt'}", f"trainer.default_local_dir={run}",
+    ])  # fmt: skip
+    save_config(cfg, run / "config.yaml", "lmrl train-flow")
+    (run / "global_step_1").mkdir()
+    assert main(["eval", str(run / "global_step_1"), "sampler.n=0"]) == 2
+    err = capsys.readouterr().err
+    assert "lmrl eval: error: sampler.n=0 must be >= 2" in err
+    assert err.count("\n") == 1 and "Traceback" not in err

@@ -3,16 +3,20 @@ detector can judge is checked, what it cannot is left out and named once."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import re
 
 import numpy as np
 import pytest
 import torch
 
 from lmrl.data.shapes import render
+from lmrl.errors import DataError
 from lmrl.flow.geneval import geneval_coverage, geneval_scores
 from lmrl.flow.grpo import flow_advantages
+from lmrl.trainer.flow import read_prompts
 
 
 def _image(*boxes):
@@ -89,3 +93,69 @@ def test_global_std_divides_by_the_whole_steps_spread():
     batch = flow_advantages(scores, groups, global_std=True)
     assert torch.allclose(batch, centered / (scores.std() + 1e-6))
     assert torch.allclose(flow_advantages(scores, groups, norm_adv_by_std=False), centered)
+
+
+CAT = {"tag": "single_object", "include": [{"class": "cat", "count": 1}], "prompt": "a cat"}
+
+
+def _metadata_file(tmp_path, *rows):
+    path = tmp_path / "geneval" / "train_metadata.jsonl"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("include", "message"),
+    [
+        ([{"class": "cat", "count": "two"}],
+         "include[0].count='two' must be a whole number >= 1 (2, not \"two\")"),
+        ([{"class": "cat", "count": 1.5}], "include[0].count=1.5 must be a whole number"),
+        ([{"class": "cat"}], "include[0].count=None must be a whole number"),
+        ([{"count": 1}], "include[0].class=None must be an object class"),
+        ([{"class": "cat", "count": 1, "color": 3}], "include[0].color=3 must be a colour name"),
+        ([{"class": "cat", "count": 1, "colour": "red"}],
+         "include[0] has 'colour': its keys are class, count, color, position"),
+        ([{"class": "cat", "count": 1}, {"class": "dog", "count": 1, "position": ["near", 0]}],
+         "include[1].position=['near', 0] must be [relation, index]"),
+        ([{"class": "cat", "count": 1, "position": ["left of", 0]}],
+         "include[0].position=['left of', 0] must be [relation, index]"),
+        ("a cat", "include='a cat' must be a non-empty list of objects"),
+        ([], "include=[] must be a non-empty list of objects"),
+    ],
+    ids=["count-a-word", "count-a-float", "no-count", "no-class", "colour-a-number",
+         "unknown-key", "unknown-relation", "position-of-itself", "not-a-list", "empty"],
+)  # fmt: skip
+def test_a_bad_geneval_row_is_refused_as_it_is_read(tmp_path, include, message):
+    """A GenEval metadata file is checked row by row when it is read: a bad field is one line
+    naming the file, the line and the field (not a reward failing at the first step)."""
+    path = _metadata_file(tmp_path, CAT, {**CAT, "include": include})
+    with pytest.raises(DataError) as err:
+        read_prompts(str(path))
+    assert str(err.value).startswith(f"{path} line 2: {message}")
+    assert "\n" not in str(err.value)
+
+
+def test_an_exclude_list_is_checked_like_include(tmp_path):
+    path = _metadata_file(tmp_path, {**CAT, "exclude": [{"class": "cat", "count": "2"}]})
+    with pytest.raises(DataError, match=r"line 1: exclude\[0\].count='2' must be a whole"):
+        read_prompts(str(path))
+    ok = {**CAT, "exclude": [{"class": "cat", "count": 2}]}
+    assert read_prompts(str(_metadata_file(tmp_path, ok)))[0]["metadata"] == ok
+
+
+def test_a_geneval_row_without_include_is_a_data_error(tmp_path):
+    """In a GenEval file (one of its rows has ``include``), a row without it is the data's
+    fault: named by file and line when read. A prompt with no metadata at all (a text
+    prompt's) scores 0 under geneval instead of failing the reward."""
+    path = _metadata_file(tmp_path, CAT, {"tag": "single_object", "prompt": "a dog"})
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))} line 2: no include"):
+        read_prompts(str(path))
+    text = _metadata_file(tmp_path, {"prompt": "a cat"}, {"prompt": "a dog"})
+    assert [r["metadata"] for r in read_prompts(str(text))] == [
+        {"prompt": "a cat"},
+        {"prompt": "a dog"},
+    ]  # no row names include: prompts for another reward
+    red_square = {"include": [{"class": "square", "count": 1, "color": "red"}]}
+    out = _scores([_image((0, 1, 1, 4))] * 2, [red_square, {"prompt": "a dog"}])
+    assert out["score"] == [1.0, 0.0] and out["count"] == [1.0, None]

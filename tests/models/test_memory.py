@@ -119,13 +119,13 @@ def test_kv_cache_and_logprob_chunks():
 @pytest.mark.parametrize(
     ("text", "expected"),
     [("80GiB", 80 * 2**30), ("80GB", 80 * 10**9), ("512MiB", 512 * 2**20), ("1.5 gib", 3 * 2**29),
-     ("1024", 1024)],
+     ("1024B", 1024), ("141e9B", 141 * 10**9)],
 )  # fmt: skip
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["lots", "80XB", "-1GiB", "0", "GiB", "nanGiB"])
+@pytest.mark.parametrize("text", ["lots", "80XB", "-1GiB", "0", "GiB", "nanGiB", "80", "80G"])
 def test_parse_size_refuses(text):
     with pytest.raises(ValueError, match="memory size"):
         parse_size(text)

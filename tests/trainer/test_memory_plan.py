@@ -253,6 +253,58 @@ def test_cli_model_dir_without_config_json(tmp_path, capsys):
     assert "has no config.json" in err and err.count("\n") == 1
 
 
+LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"model_type": "vit", "hidden_size": 768, "num_hidden_layers": 12,
+          "num_attention_heads": 12, "intermediate_size": 3072, "image_size": 224},
+         "a vit config without vocab_size: lmrl plan plans decoder-only causal LMs"),
+        ({"_class_name": "UNet2DConditionModel", "_diffusers_version": "0.30.0",
+          "block_out_channels": [320, 640], "cross_attention_dim": 768},
+         "a diffusers UNet2DConditionModel config (_class_name), not a causal language model"),
+        ({"model_type": "llama", "vocab_size": 100}, "a llama config without hidden_size"),
+        ({**LLAMA, "hidden_size": "64"},
+         "hidden_size='64' must be a positive integer (a JSON number, not a string)"),
+        ({**LLAMA, "tie_word_embeddings": "false"},
+         "tie_word_embeddings='false' must be true or false"),
+    ],
+    ids=["vit", "unet", "no-hidden-size", "string-size", "string-flag"],
+)  # fmt: skip
+def test_cli_a_config_of_another_model_is_one_line_naming_the_path(
+    tmp_path, capsys, config, message
+):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["plan", f"model.path={tmp_path}", "trainer.device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and f"model.path='{tmp_path}'" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cli_a_diffusers_pipeline_is_named_as_one(tmp_path, capsys):
+    (tmp_path / "model_index.json").write_text('{"_class_name": "StableDiffusion3Pipeline"}')
+    assert main(["plan", f"model.path={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"model.path='{tmp_path}' is a diffusers pipeline (StableDiffusion3Pipeline" in err
+    assert "image runs (lmrl train-flow) have no memory plan" in err and err.count("\n") == 1
+    (tmp_path / "model_index.json").write_text('{"_class_name": ')  # cut short
+    assert main(["plan", f"model.path={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read {tmp_path / 'model_index.json'}: not valid JSON (Expecting" in err
+    assert err.count("\n") == 1
+
+
+def test_cli_a_device_memory_without_a_unit_is_refused(capsys):
+    """``--device-memory 80`` is not 80 bytes: the size needs its unit."""
+    assert main(["plan", "model.path=/no/such/model", "--device-memory", "80"]) == 2
+    err = capsys.readouterr().err
+    assert "--device-memory: memory size '80' has no unit: give one, e.g. 80GiB" in err
+    assert err.count("\n") == 1
+
+
 def test_pure_bf16_and_auto_dtypes(models):
     """model.dtype=bfloat16: no masters, bf16 grads and moments; auto compute on a GPU is
     bf16 over fp32 masters, and on a CPU fp32 (no mixed precision)."""

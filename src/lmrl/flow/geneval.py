@@ -24,25 +24,35 @@ from the prompt's metadata, in one of two forms:
   judged (`geneval_coverage` names them, and the run says so once); a check of an image is the
   minimum over its objects' judged checks, NaN when none was judged; an image with no judged
   check scores 0 (all such images of a prompt score alike, so they teach nothing).
+
+A GenEval metadata file is checked as it is read (`check_geneval_rows`): every row has an
+``include`` list of objects with a ``class`` string and a whole ``count`` >= 1 (``2``, not
+``"two"``), a ``color`` string and a ``position`` ``[relation, index of another object]``
+where given, and no other keys; a bad row is a data error naming the file, line and field.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from lmrl.data.shapes import COLOURS, SHAPES
+from lmrl.errors import DataError
 
 __all__ = [
     "CHECKS",
     "Coverage",
     "DetectedObject",
+    "check_geneval_rows",
     "find_objects",
     "geneval",
     "geneval_checks",
     "geneval_coverage",
+    "geneval_row_problem",
     "geneval_scores",
     "include_checks",
 ]
@@ -50,6 +60,13 @@ __all__ = [
 CHECKS = ("colour", "count", "shape", "position")
 _CHANNEL_COLOUR = {channel: name for name, (channel, _) in COLOURS.items()}
 _RELATIONS = ("left of", "right of", "above", "below")
+ATTRIBUTE_KEYS = ("shape", "colour", "count", "position")  # a shapes prompt's attributes
+# the keys of an object of a GenEval row's ``include`` list (``exclude`` holds class and count)
+INCLUDE_KEYS = ("class", "count", "color", "position")
+GENEVAL_FORMAT = (
+    'GenEval\'s format: "include": [{"class": "dog", "count": 2, "color"?: "red", '
+    '"position"?: ["left of", 0]}]'
+)
 
 
 @dataclass(frozen=True)
@@ -179,6 +196,17 @@ def include_checks(objects: list[DetectedObject], include: Sequence[dict]) -> di
     return {k: float(all(v)) if v else float("nan") for k, v in results.items()}
 
 
+def _checks(objects: list[DetectedObject], spec: Any, size: int) -> dict[str, float]:
+    """The checks of one image: a GenEval row's, a shapes prompt's, or none (all NaN: a prompt
+    with nothing to judge, such as a text prompt's empty metadata, which `geneval_coverage`
+    counts and the run names)."""
+    if isinstance(spec, dict) and "include" in spec:
+        return include_checks(objects, spec["include"])
+    if isinstance(spec, dict) and all(k in spec for k in ATTRIBUTE_KEYS):
+        return geneval_checks(objects, spec, size)
+    return dict.fromkeys(CHECKS, math.nan)
+
+
 def geneval_scores(
     images: torch.Tensor, prompts: Sequence[str], metadata: Sequence[dict], strict: bool = False
 ) -> dict[str, torch.Tensor]:
@@ -186,9 +214,7 @@ def geneval_scores(
     score is the mean of the judged checks (``strict``: their minimum), 0 with none judged."""
     size = images.shape[-1]
     rows = [
-        include_checks(objects, spec["include"])
-        if isinstance(spec, dict) and "include" in spec
-        else geneval_checks(objects, spec, size)
+        _checks(objects, spec, size)
         for objects, spec in zip(find_objects(images), metadata, strict=True)
     ]
     checks = {key: torch.tensor([r[key] for r in rows]) for key in CHECKS}
@@ -258,7 +284,7 @@ def geneval_coverage(metadata: Sequence[dict]) -> Coverage:
         if not isinstance(spec, dict):
             continue
         if "include" not in spec:
-            coverage.judged += all(k in spec for k in ("shape", "colour", "count", "position"))
+            coverage.judged += all(k in spec for k in ATTRIBUTE_KEYS)
             continue
         judged = False
         for entry in spec["include"]:
@@ -270,3 +296,80 @@ def geneval_coverage(metadata: Sequence[dict]) -> Coverage:
             judged |= colour in COLOURS or kind in SHAPES
         coverage.judged += judged
     return coverage
+
+
+def _objects_problem(value: Any, key: str, keys: Sequence[str]) -> str | None:
+    """The first problem of a row's list ``key`` of objects ``{class, count, ...}`` (its
+    shape, its classes and counts; not the other fields' values), or None."""
+    if not isinstance(value, list) or not value:
+        return f"{key}={value!r:.60} must be a non-empty list of objects"
+    for j, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            return f"{key}[{j}]={entry!r:.60} must be an object"
+        unknown = ", ".join(map(repr, sorted(set(entry) - set(keys))))
+        if unknown:
+            return f"{key}[{j}] has {unknown}: its keys are {', '.join(keys)}"
+        kind, count = entry.get("class"), entry.get("count")
+        if not isinstance(kind, str) or not kind:
+            return f'{key}[{j}].class={kind!r:.40} must be an object class such as "dog"'
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            return f'{key}[{j}].count={count!r:.40} must be a whole number >= 1 (2, not "two")'
+    return None
+
+
+def geneval_row_problem(row: dict) -> str | None:
+    """What is wrong with one GenEval metadata row (Flow-GRPO's ``train_metadata.jsonl``), as a
+    phrase naming the field and its value, or None: ``include`` a non-empty list of objects
+    ``{class: str, count: int >= 1, color?: str, position?: [relation, index]}`` (a relation
+    of `_RELATIONS`, the index of another object of the list); ``exclude``, when present, a
+    list of ``{class, count}``."""
+    if "include" not in row:
+        return "no include (every row of a GenEval metadata file lists the objects it includes)"
+    include = row["include"]
+    problem = _objects_problem(include, "include", INCLUDE_KEYS)
+    if problem is not None:
+        return problem
+    for j, entry in enumerate(include):
+        colour = entry.get("color")
+        if "color" in entry and (not isinstance(colour, str) or not colour):
+            return f'include[{j}].color={colour!r:.40} must be a colour name such as "red"'
+        position = entry.get("position")
+        if "position" not in entry:
+            continue
+        if (
+            not isinstance(position, list)
+            or len(position) != 2
+            or position[0] not in _RELATIONS
+            or isinstance(position[1], bool)
+            or not isinstance(position[1], int)
+            or not 0 <= position[1] < len(include)
+            or position[1] == j
+        ):
+            return (
+                f"include[{j}].position={position!r:.60} must be [relation, index]: a relation "
+                f"of {', '.join(map(repr, _RELATIONS))} and the index of another object of "
+                f"include (0..{len(include) - 1})"
+            )
+    if "exclude" in row:
+        return _objects_problem(row["exclude"], "exclude", ("class", "count"))
+    return None
+
+
+def check_geneval_rows(file: object, rows: Sequence[tuple[int, dict]]) -> None:
+    """Refuse a GenEval metadata file with a malformed row, as it is read: a file is GenEval's
+    when one of its rows has ``include``, and then every row must be one
+    (`geneval_row_problem`).
+
+    Args:
+        file: names the file in the message.
+        rows: ``(line number, row)`` of each row.
+
+    Raises:
+        DataError: one line naming the file, the line and the field.
+    """
+    if not any(isinstance(row, dict) and "include" in row for _, row in rows):
+        return
+    for line, row in rows:
+        problem = geneval_row_problem(row)
+        if problem is not None:
+            raise DataError(f"{file} line {line}: {problem} ({GENEVAL_FORMAT})")

@@ -84,9 +84,18 @@ class ModelShape:
         """The shape of a Qwen2/Llama/Mistral-style config (object or ``config.json`` dict).
 
         Raises:
-            ValueError: a field the count needs is missing (the message names it).
+            ValueError: a config of another kind of model (a diffusers model's, one without a
+                field the count needs), or a field of the wrong type (a size that is not a
+                positive integer, ``"64"`` included; a flag that is not true or false); the
+                message names the field and its value.
         """
         model_type = _field(config, "model_type", "")
+        diffusers = _field(config, "_class_name")
+        if diffusers is not None:
+            raise ValueError(
+                f"a diffusers {diffusers} config (_class_name), not a causal language model's: "
+                "lmrl plan plans decoder-only LMs shaped like Qwen2/Llama"
+            )
         missing = [
             name
             for name in ("hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -95,27 +104,43 @@ class ModelShape:
         ]  # fmt: skip
         if missing:
             raise ValueError(
-                f"model config ({model_type or 'no model_type'}) has no {', '.join(missing)}: "
-                "lmrl plan knows decoder-only models shaped like Qwen2/Llama"
+                f"a {model_type or 'model'} config without {', '.join(missing)}: lmrl plan "
+                "plans decoder-only causal LMs shaped like Qwen2/Llama"
             )
-        hidden = int(_field(config, "hidden_size"))
-        heads = int(_field(config, "num_attention_heads"))
-        kv_heads = int(_field(config, "num_key_value_heads") or heads)
-        head_dim = int(_field(config, "head_dim") or hidden // heads)
-        attention_bias = bool(_field(config, "attention_bias", False))
+
+        def size(name: str, default: int | None = None) -> int:
+            value = _field(config, name)
+            if value is None and default is not None:  # an optional size left out
+                return default
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                kind = " (a JSON number, not a string)" if isinstance(value, str) else ""
+                raise ValueError(f"{name}={value!r} must be a positive integer{kind}")
+            return value
+
+        def flag(name: str) -> bool:
+            value = _field(config, name, False)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name}={value!r} must be true or false")
+            return bool(value)
+
+        hidden = size("hidden_size")
+        heads = size("num_attention_heads")
+        kv_heads = size("num_key_value_heads", heads)
+        head_dim = size("head_dim", hidden // heads or None)
+        attention_bias = flag("attention_bias")
         qwen2 = model_type == "qwen2"
         return cls(
             hidden_size=hidden,
-            num_layers=int(_field(config, "num_hidden_layers")),
+            num_layers=size("num_hidden_layers"),
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            intermediate_size=int(_field(config, "intermediate_size")),
-            vocab_size=int(_field(config, "vocab_size")),
-            tie_word_embeddings=bool(_field(config, "tie_word_embeddings", False)),
+            intermediate_size=size("intermediate_size"),
+            vocab_size=size("vocab_size"),
+            tie_word_embeddings=flag("tie_word_embeddings"),
             qkv_bias=qwen2 or attention_bias,
             o_bias=attention_bias,
-            mlp_bias=bool(_field(config, "mlp_bias", False)),
+            mlp_bias=flag("mlp_bias"),
         )
 
     # -- parameters --------------------------------------------------------------------------
@@ -330,14 +355,16 @@ def embedding_grad_bytes(shape: ModelShape, master: int) -> int:
 
 
 def parse_size(text: str) -> int:
-    """Bytes of a size such as ``80GiB``, ``80GB``, ``512MiB`` or a plain number of bytes.
+    """Bytes of a size such as ``80GiB``, ``80GB``, ``512MiB`` or ``141e9B``: a positive
+    number and its unit, always (a bare ``80`` would be 80 bytes, never what is meant).
 
     Raises:
-        ValueError: not a positive number with one of the units B, KB, MB, GB, TB, KiB, MiB,
-            GiB, TiB (the message says so).
+        ValueError: not a positive number with one of the units B, KB, MB, GB, TB (powers of
+            1000), KiB, MiB, GiB, TiB (powers of 1024); the message says so, and for a bare
+            number, which unit to add.
     """
     units = {
-        "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+        "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
     }  # fmt: skip
     raw = str(text).strip()
@@ -347,10 +374,15 @@ def parse_size(text: str) -> int:
         value = float(number)
     except ValueError:
         value = math.nan
+    if not unit and math.isfinite(value) and value > 0:
+        raise ValueError(
+            f"memory size {text!r} has no unit: give one, e.g. {number}GiB (2**30 bytes) or "
+            f"{number}GB (10**9 bytes)"
+        )
     if unit not in units or not math.isfinite(value) or value <= 0:
         raise ValueError(
             f"cannot read {text!r} as a memory size: give a positive number with a unit, "
-            "e.g. 80GiB, 80GB or 512MiB"
+            "e.g. 80GiB, 80GB or 512MiB (units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
         )
     return int(value * units[unit])
 

@@ -41,7 +41,7 @@ from lmrl.data.sampler import PromptSampler
 from lmrl.data.shapes import ATTRIBUTES, NUM_ATTRIBUTES
 from lmrl.errors import DataError, ModelError, RewardError
 from lmrl.flow.ema import WeightEMA
-from lmrl.flow.geneval import geneval_coverage, geneval_scores
+from lmrl.flow.geneval import check_geneval_rows, geneval_coverage, geneval_scores
 from lmrl.flow.grpo import FlowGRPO, FlowGRPOConfig, flow_advantages
 from lmrl.flow.pipelines import AttributePipeline, load_lora_weights, load_pipeline
 from lmrl.flow.rewards import load_image_reward
@@ -157,6 +157,7 @@ def _text_prompts(path: Path, suffix: str) -> list[dict[str, Any]]:
     if suffix == ".txt":
         return [{"prompt": p, "metadata": {}, "data_source": source} for p in lines if p]
     rows = []
+    numbered: list[tuple[int, dict]] = []  # (line, row), for the check of a GenEval file
     for i, line in enumerate(lines):
         if not line:
             continue
@@ -170,6 +171,8 @@ def _text_prompts(path: Path, suffix: str) -> list[dict[str, Any]]:
                 "Flow-GRPO's train_metadata.jsonl)"
             )
         rows.append({"prompt": row["prompt"], "metadata": row, "data_source": source})
+        numbered.append((i + 1, row))
+    check_geneval_rows(path, numbered)
     return rows
 
 

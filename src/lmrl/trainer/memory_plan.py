@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lmrl.errors import ModelError
 from lmrl.models.loading import ModelPathError
 from lmrl.models.memory import (
     DTYPE_BYTES,
@@ -210,9 +211,14 @@ def read_model_config(path: str | None, what: str = "model.path") -> dict[str, A
     """The ``config.json`` of a local model directory, as a dict; nothing else is read.
 
     Raises:
-        ModelPathError: no path, a path that does not exist, or a directory without a
-            readable ``config.json`` (one line naming the path).
+        ModelPathError: no path, a path that does not exist, a diffusers pipeline directory
+            (``model_index.json``: an image model, which lmrl plan does not plan), or a
+            directory without a readable ``config.json`` holding a JSON object (one line naming
+            the path).
+        ModelError: a ``model_index.json`` that is not valid JSON.
     """
+    from lmrl.flow.pipelines import read_model_index
+
     if not path:
         raise ModelPathError(f"{what} is not set: lmrl plan reads the model's config.json")
     directory = Path(path).expanduser()
@@ -222,12 +228,40 @@ def read_model_config(path: str | None, what: str = "model.path") -> dict[str, A
             f"{what}={path!r} is not a directory (lmrl plan reads config.json from a local "
             "model directory)"
         )
+    index = read_model_index(directory)
+    if index is not None:
+        kind = index.get("_class_name") or "of unknown kind"
+        raise ModelPathError(
+            f"{what}={path!r} is a diffusers pipeline ({kind}, model_index.json), an image "
+            "model: lmrl plan plans the RL step of a causal language model policy (lmrl "
+            "train); image runs (lmrl train-flow) have no memory plan"
+        )
     if not file.is_file():
         raise ModelPathError(f"{what}={path!r} has no config.json: not a Hugging Face model dir")
     try:
-        return json.loads(file.read_text())
+        found = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         raise ModelPathError(f"cannot read {file}: {err}") from err
+    if not isinstance(found, dict):
+        raise ModelPathError(f"cannot read {file}: a JSON {type(found).__name__}, not an object")
+    return found
+
+
+def read_model_shape(path: str | None, what: str = "model.path") -> ModelShape:
+    """The `ModelShape` of the causal LM whose ``config.json`` is in ``path``.
+
+    Raises:
+        ModelPathError: what `read_model_config` raises.
+        ModelError: a config of another kind of model (a ViT, a diffusers UNet, one without
+            ``hidden_size``...) or a field of the wrong type (``"hidden_size": "64"``): one
+            line naming the path and the problem.
+    """
+    config = read_model_config(path, what)
+    try:
+        return ModelShape.from_config(config)
+    except ValueError as err:
+        file = Path(str(path)).expanduser() / "config.json"
+        raise ModelError(f"{what}={path!r} ({file}): {err}") from None
 
 
 @dataclass(frozen=True)
@@ -336,6 +370,8 @@ def plan_memory(
 
     Raises:
         ModelPathError: a model path without a readable ``config.json``.
+        ModelError: a model that is not a causal LM lmrl plan can size, or a config field of
+            the wrong type (`read_model_shape`).
     """
     m, w = plan.models, plan.workers
     device = plan.device
@@ -354,7 +390,7 @@ def plan_memory(
     lora = m.lora_rank
     actor_sharded, critic_sharded = m.sharded(m.strategy), m.sharded(m.critic_strategy)
 
-    shape = ModelShape.from_config(read_model_config(m.path))
+    shape = read_model_shape(m.path)
     actor = _model_states(
         shape, master=master, compute=compute, mixed=mixed, ranks=ranks, sharded=actor_sharded,
         offload=actor_sharded and m.offload != "none", lora_rank=lora,
@@ -362,7 +398,7 @@ def plan_memory(
     )  # fmt: skip
     critic = None
     if w.critic:
-        critic_shape = ModelShape.from_config(read_model_config(m.critic_path, "critic.model.path"))
+        critic_shape = read_model_shape(m.critic_path, "critic.model.path")
         critic = _model_states(
             critic_shape, master=master, compute=compute, mixed=mixed, ranks=ranks,
             sharded=critic_sharded, offload=critic_sharded and m.critic_offload != "none",
