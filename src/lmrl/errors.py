@@ -45,3 +45,8 @@ class ToolLoadError(LmrlError):
 class ToolRunError(LmrlError):
     """A tool that fails (errs at its own fault or times out) on nearly every call of the
     first batch that calls it (names the tool, the fraction and the first error)."""
+
+
+class DivergedError(LmrlError):
+    """A policy whose weights have diverged: its logits are not finite (NaN/inf) where it
+    samples (names the likely cause and the key to change, e.g. ``actor.optim.lr``)."""

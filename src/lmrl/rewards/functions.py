@@ -1,19 +1,25 @@
 """Reward functions: the built-in scorers or the user's, wrapped with a name and a weight.
 
-Two calling conventions are accepted, told apart by one documented rule:
+Three calling conventions are accepted, told apart by one documented rule:
 
 - **per sample** (verl's ``compute_score``): ``fn(data_source, solution_str, ground_truth,
   extra_info, **kwargs) -> float | dict``, a dict holding ``"score"`` plus extra values;
 - **batched** (TRL's reward functions): ``fn(prompts, completions, **columns) -> list[float |
   None]`` with one entry per completion; ``None`` means "no score for this sample" (it costs
   the sample a 0 and is counted). The columns passed are ``data_source``, ``ground_truth``,
-  ``extra_info``, ``completion_ids`` and ``uid`` when the batch has it.
+  ``extra_info``, ``completion_ids`` and ``uid`` when the batch has it;
+- **verl's batch** (the scorer of verl's ``BatchRewardManager``): ``fn(data_sources,
+  solution_strs, ground_truths, extra_infos, **kwargs) -> list[float | dict]``, called with
+  exactly these four keywords (plus the ``kwargs`` of `RewardFunction`) as verl calls it:
+  ``data_sources`` and ``extra_infos`` numpy object arrays, ``solution_strs`` and
+  ``ground_truths`` lists. It is a batched function (the whole batch under
+  ``reward.manager=batch``, one-sample lists under ``naive``).
 
-The rule: ``batched=True``/``False`` given explicitly wins; otherwise a function with a
-parameter named ``completions`` is batched, one with ``solution_str`` is per sample, and any
-other signature is an error asking for ``batched=``. Arguments a function does not declare
-(and cannot take through ``**kwargs``) are not passed, so ``fn(solution_str, ground_truth)``
-works.
+The rule: a function with a parameter named ``solution_strs`` takes verl's batch convention;
+otherwise ``batched=True``/``False`` given explicitly wins, a function with a parameter named
+``completions`` is batched, one with ``solution_str`` is per sample, and any other signature
+is an error asking for ``batched=``. Arguments a function does not declare (and cannot take
+through ``**kwargs``) are not passed, so ``fn(solution_str, ground_truth)`` works.
 
 Everything that comes back is checked here (`normalize_value`): a number or 0-d array, or a
 dict with a finite ``"score"``; anything else (NaN, inf, a string, ``None`` from a per-sample
@@ -35,10 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from lmrl._userfile import UserFileError, import_user_file
 from lmrl.errors import RewardError
 
 PER_SAMPLE_ARGS = ("data_source", "solution_str", "ground_truth", "extra_info")
+VERL_BATCH_ARGS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
 
 
 class Outcome(NamedTuple):
@@ -133,8 +142,12 @@ class RewardFunction:
         batched: the calling convention; None = detect (see the module docstring).
         kwargs: extra keyword arguments passed on every call (verl's ``reward_kwargs``).
 
+    Attributes:
+        plural: the function takes verl's batch convention (a ``solution_strs`` parameter).
+
     Raises:
-        RewardError: the convention cannot be detected, or the weight is not finite.
+        RewardError: the convention cannot be detected, ``batched=False`` for a function of
+            verl's batch convention, or the weight is not finite.
     """
 
     fn: Callable
@@ -143,6 +156,7 @@ class RewardFunction:
     batched: bool | None = None
     kwargs: dict[str, Any] = field(default_factory=dict)
     accepts: frozenset[str] | None = field(init=False, default=None)
+    plural: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         target = _target(self.fn)
@@ -160,7 +174,16 @@ class RewardFunction:
             params = {}
         var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
         self.accepts = None if var_kw or not params else frozenset(params)
-        if self.batched is None:
+        self.plural = "solution_strs" in params
+        if self.plural:
+            if self.batched is False:
+                raise RewardError(
+                    f"reward function {describe(self.fn, self.name)} takes verl's batch "
+                    f"arguments {list(VERL_BATCH_ARGS)}: it scores lists of samples, so "
+                    "batched=False cannot call it; leave batched unset"
+                )
+            self.batched = True
+        elif self.batched is None:
             if "completions" in params:
                 self.batched = True
             elif "solution_str" in params:
@@ -170,8 +193,9 @@ class RewardFunction:
                     f"cannot tell how to call reward function {describe(self.fn, self.name)} "
                     f"(parameters {list(params)}): a parameter 'completions' means batched "
                     "(prompts, completions, **columns), 'solution_str' means per sample "
-                    "(data_source, solution_str, ground_truth, extra_info); "
-                    "or pass batched=True/False"
+                    "(data_source, solution_str, ground_truth, extra_info), 'solution_strs' "
+                    "means verl's batch (data_sources, solution_strs, ground_truths, "
+                    "extra_infos); or pass batched=True/False"
                 )
 
     def _filter(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -201,10 +225,17 @@ class RewardFunction:
     ) -> list[Outcome]:
         """Call a batched function on ``len(completions)`` samples; never raises."""
         n = len(completions)
+        if self.plural:  # verl's BatchRewardManager's call, keyword for keyword
+            args = {
+                "data_sources": _objects(columns["data_source"]),
+                "solution_strs": list(completions),
+                "ground_truths": list(columns["ground_truth"]),
+                "extra_infos": _objects(columns["extra_info"]),
+            }
+        else:
+            args = {"prompts": prompts, "completions": completions, **columns}
         try:
-            values = self.fn(
-                **self._filter({"prompts": prompts, "completions": completions, **columns})
-            )
+            values = self.fn(**self._filter(args))
         except Exception as err:
             return [failed("error", f"{self.name} raised {type(err).__name__}: {err}")] * n
         if isinstance(values, str | bytes | dict) or not hasattr(values, "__len__"):
@@ -221,6 +252,15 @@ class RewardFunction:
         or ``("batch", (prompts, completions, columns))``."""
         kind, args = task
         return self.call_batched(*args) if kind == "batch" else self.call_per_sample(*args)
+
+
+def _objects(values: Sequence[Any]) -> np.ndarray:
+    """``values`` as a 1-D numpy object array (a verl batch's non-tensor column), each item
+    kept as it is (a list or a dict is one item)."""
+    out = np.empty(len(values), dtype=object)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
 
 
 def _as_float(value: Any) -> float | None:

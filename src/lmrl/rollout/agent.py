@@ -10,7 +10,8 @@
 3. each observation is wrapped (``<information>...</information>`` for Search-R1), cut to
    ``OBS_CHARS_PER_TOKEN`` characters per token it may keep (so a 5 MB passage is never
    tokenized whole), made valid UTF-8 (a lone surrogate becomes ``?``), tokenized, cut to
-   ``max_obs_length`` tokens and to the row's remaining budget, and appended;
+   ``max_obs_length`` tokens and to the row's remaining budget, and appended; the first
+   observation cut by ``max_obs_length`` is logged once (its size, the limit and the key);
 4. repeat; after ``max_turns`` observations a row gets one last turn in which calls are not
    run (its closing tag ends it), as Search-R1's final rollout.
 
@@ -48,6 +49,7 @@ Errors that are the call's own (bad arguments, the policy's code that raised) ne
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -83,6 +85,8 @@ __all__ = [
     "TagFormat",
     "clip_text",
 ]
+
+log = logging.getLogger("lmrl.tools")
 
 #: calls of one tool in one rollout before its failures are judged (the first batch check)
 MIN_CHECKED_CALLS = 5
@@ -318,6 +322,7 @@ class AgentLoop(RolloutEngine):
         self.pipeline_groups = pipeline_groups
         self._in_flight = CallsInFlight(self.tools, tool_timeout_s, tool_workers, pipeline_groups)
         self._checked: set[str] = set()  # tools whose first batch was judged
+        self._clip_said = False  # an observation cut by max_obs_length was logged
         self._rollouts = 0
         self.shares_weights = engine.shares_weights
         self.pad_id = engine.pad_id
@@ -326,6 +331,32 @@ class AgentLoop(RolloutEngine):
         self.eos_ids = getattr(engine, "eos_ids", [])
         if isinstance(format, ChatFormat):
             format.bind(tokenizer, self.tools, self.eos_ids)
+
+    def note_clipping(self, text: str, tokens: int | None = None) -> None:
+        """Log once per loop (a run's) that observations are being cut to ``max_obs_length``,
+        when ``text`` (an observation as the tool returned it) is longer than that: more than
+        ``OBS_CHARS_PER_TOKEN`` characters a token of it, or ``tokens`` (its token count, when
+        it was tokenized whole; else counted here, only while nothing was logged yet).
+        """
+        most = self.max_obs_length
+        if most is None or self._clip_said or 4 * len(text) <= most:
+            return  # no limit, said already, or too short: at most 4 tokens (bytes) a character
+        if len(text) > most * OBS_CHARS_PER_TOKEN:
+            size = f"{len(text):,} characters"
+        else:
+            if tokens is None:
+                tokens = len(self.tokenizer.encode(text, add_special_tokens=False))
+            if tokens <= most:
+                return
+            size = f"{tokens:,} tokens"
+        self._clip_said = True
+        log.warning(
+            "tool observations are being clipped: one of %s was cut to "
+            "rollout.multi_turn.max_obs_length=%d tokens (its head kept; logged once); raise "
+            "rollout.multi_turn.max_obs_length to keep more of them",
+            size,
+            most,
+        )
 
     def sync_weights(self, state_dict: Mapping[str, torch.Tensor] | None = None) -> None:
         self.engine.sync_weights(state_dict)

@@ -50,7 +50,7 @@ from lmrl.rollout.base import (
     finish_rollout,
     stop_and_pad_ids,
 )
-from lmrl.rollout.sampling import Draws, pick, stop_hits
+from lmrl.rollout.sampling import Draws, check_finite, pick, stop_hits
 from lmrl.rollout.static import (
     check_decode,
     decode_attention_on,
@@ -150,6 +150,9 @@ class HFEngine(RolloutEngine):
         The model is put in eval mode for the call and every module's train/eval flag is
         restored afterwards. The returned tensors are ordinary (not inference-mode) tensors on
         the prompts' device.
+
+        Raises:
+            DivergedError: the model's logits were not finite (NaN/inf) at a sampled token.
         """
         sampling = sampling or SamplingParams()
         input_ids, mask = check_prompts(prompts, n)
@@ -183,6 +186,7 @@ class HFEngine(RolloutEngine):
         responses = torch.cat([_pad_right(p[0], width, self.pad_id) for p in pieces])
         response_mask = torch.cat([_pad_right(p[1], width, False) for p in pieces])
         log_probs = torch.cat([_pad_right(p[2], width, 0.0) for p in pieces])
+        check_finite(log_probs)  # diverged weights: one line, not an indexing traceback
         # clone outside inference mode: the trainer feeds these to autograd later
         return finish_rollout(
             prompts,
@@ -338,7 +342,8 @@ class HFEngine(RolloutEngine):
                 responses[:, t] = token
                 response_mask[:, t] = alive
                 log_probs[:, t] = token_logp.masked_fill(finished, 0.0)
-                finished = finished | torch.isin(token, eos)
+                # a row whose logits are not finite stops here (the call then raises)
+                finished = finished | torch.isin(token, eos) | ~torch.isfinite(token_logp)
                 if sampling.stop:
                     ends = torch.full((rows,), t + 1, dtype=torch.long, device=device)
                     finished = finished | stop_hits(
@@ -503,7 +508,8 @@ class HFSession:
                 ended_len = running & ~ended_eos & ~ended_stop & (produced >= budget)
                 reason = torch.where(ended_eos, 1, torch.where(ended_stop, 2, reason))
                 reason = torch.where(ended_len, 3, reason)
-                running &= ~(ended_eos | ended_stop | ended_len)
+                running &= ~(ended_eos | ended_stop | ended_len | ~torch.isfinite(token_logp))
+        check_finite(turn_logp)  # diverged weights: one line, not an indexing traceback
         lengths, reasons = produced.tolist(), reason.tolist()
         tokens, log_probs = turn.tolist(), turn_logp.tolist()
         return [

@@ -167,13 +167,18 @@ class Group:
             row = self.rows[i]
             room = budget - len(row.tokens)
             if self.chats is not None:
+                for text in texts:
+                    loop.note_clipping(text)  # logs the first one cut by max_obs_length
                 texts = [clip_text(t, loop.max_obs_length) for t in texts]
                 ids = self.chats[i].observe(texts, loop.max_obs_length)[:room]
             else:
                 if loop.max_obs_length is not None:
                     room = min(room, loop.max_obs_length)
-                text = clip_text(loop.format.observation(texts[0]), room)
-                ids = loop.tokenizer.encode(text, add_special_tokens=False)[:room]
+                whole = loop.format.observation(texts[0])
+                text = clip_text(whole, room)
+                ids = loop.tokenizer.encode(text, add_special_tokens=False)
+                loop.note_clipping(whole, len(ids) if len(text) == len(whole) else None)
+                ids = ids[:room]
             row.tokens += ids
             row.sampled += [False] * len(ids)
             row.log_probs += [0.0] * len(ids)

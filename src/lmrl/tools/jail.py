@@ -15,7 +15,8 @@ namespaces and forks the new PID namespace's init, which
   uid 65534's reach);
 - drops to uid/gid 65534 with no groups and no capabilities (as root), sets no-new-privs;
 - forks the code's process, which ``execve``'s the runner (`RUNNER`): rlimits, a seccomp
-  filter, then the audit hook of old as a second layer, then the code;
+  filter, then an audit hook as a second layer (its state closed over, out of the code's
+  reach: see ``_make_hook`` in `RUNNER`), then the code;
 - waits for it and writes ``code N CPU_S`` or ``signal S CPU_S`` to ``status_fd``;
   when init exits, the kernel kills whatever else is left in the namespace.
 
@@ -85,38 +86,98 @@ else:
     if _libc.prctl(38, 1, 0, 0, 0) or _libc.prctl(22, 2, ctypes.byref(_fprog), 0, 0):
         raise SystemExit(f"sandbox: seccomp refused: {os.strerror(ctypes.get_errno())}")
 _code = sys.stdin.read()
-_root = os.path.realpath(os.getcwd())
-_WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
-_DENY = ("socket.", "subprocess.", "os.fork", "os.forkpty", "os.system", "os.exec",
-         "os.posix_spawn", "os.spawn", "os.kill", "os.killpg", "ctypes.", "pty.",
-         "os.setuid", "os.chroot", "resource.setrlimit", "resource.prlimit",
-         "sys.addaudithook", "os.setxattr", "os.removexattr", "signal.pthread_kill")
-_PATHS = {"os.remove": 1, "os.rename": 2, "os.rmdir": 1, "os.mkdir": 1, "os.chmod": 1,
-          "os.chown": 1, "os.link": 2, "os.symlink": 2, "os.truncate": 1, "os.utime": 1,
-          "shutil.rmtree": 1, "os.replace": 2, "os.mknod": 1, "os.mkfifo": 1,
-          "sqlite3.connect": 1}
 
-def _inside(path):
-    if isinstance(path, int):
-        return True
-    real = os.path.realpath(os.fsdecode(path))
-    return real == _root or real.startswith(_root + os.sep)
+def _make_hook():
+    # Everything the hook reads is bound here, before the code runs, and closed over: an
+    # immutable value or a builtin function, never a module global (the code can rebind
+    # those: sys.modules["__main__"], os.path, builtins), a mutable container or a Python
+    # function (its cells could be rewritten). The hook itself is held only by the
+    # interpreter's list of audit hooks; gc's walks over objects, trace and profile
+    # functions (which can rewrite a running frame's locals), ctypes and new audit hooks
+    # are refused, so nothing the code can reach changes what it refuses.
+    import stat
+    lstat, readlink, getcwd, fspath = os.lstat, os.readlink, os.getcwd, os.fspath
+    is_link, str_, bytes_, int_, isinstance_ = stat.S_ISLNK, str, bytes, int, isinstance
+    OSError_, Denied = OSError, PermissionError
+    root = os.path.realpath(getcwd())
+    inside = root.rstrip("/") + "/"
+    writes = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
+    deny = ("socket.", "subprocess.", "os.fork", "os.forkpty", "os.system", "os.exec",
+            "os.posix_spawn", "os.spawn", "os.kill", "os.killpg", "ctypes.", "pty.",
+            "os.setuid", "os.chroot", "resource.setrlimit", "resource.prlimit",
+            "sys.addaudithook", "os.setxattr", "os.removexattr", "signal.pthread_kill",
+            "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys.settrace",
+            "sys.setprofile", "sys._settraceallthreads", "sys._setprofileallthreads",
+            "sys.monitoring.")
+    path_events = (("os.remove", 1), ("os.rename", 2), ("os.rmdir", 1), ("os.mkdir", 1),
+                   ("os.chmod", 1), ("os.chown", 1), ("os.link", 2), ("os.symlink", 2),
+                   ("os.truncate", 1), ("os.utime", 1), ("shutil.rmtree", 1),
+                   ("os.replace", 2), ("os.mknod", 1), ("os.mkfifo", 1),
+                   ("sqlite3.connect", 1))
+    path_names = frozenset(name for name, _ in path_events)
 
-def _hook(event, args):
-    if event == "open":
-        path, mode, flags = args
-        writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-            isinstance(flags, int) and flags & _WRITE)
-        if path is not None and writing and not _inside(path):
-            raise PermissionError(f"sandbox: cannot write outside its directory: {path}")
-    elif event.startswith(_DENY):
-        raise PermissionError(f"sandbox: {event} is not allowed")
-    elif event in _PATHS:
-        for path in args[: _PATHS[event]]:
-            if path is not None and path != ":memory:" and not _inside(path):
-                raise PermissionError(f"sandbox: {event} outside its directory: {path}")
+    def hook(event, args):
+        if event == "open":
+            path, mode, flags = args
+            writing = (isinstance_(mode, str_) and (
+                "w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
+                isinstance_(flags, int_) and flags & writes)
+            if not writing:
+                return
+            paths = (path,)
+        elif event.startswith(deny):
+            raise Denied(f"sandbox: {event} is not allowed")
+        elif event in path_names:
+            for name, count in path_events:
+                if name == event:
+                    paths = args[:count]
+        else:
+            return
+        for path in paths:
+            if path is None or isinstance_(path, int_):
+                continue
+            path = fspath(path)
+            if isinstance_(path, bytes_):
+                path = path.decode("utf-8", "surrogateescape")
+            if path == ":memory:":
+                continue
+            # os.path.realpath's walk, inline: each component, symbolic links followed
+            todo = (path if path.startswith("/") else getcwd() + "/" + path).split("/")
+            todo.reverse()
+            real, links = "", 0
+            while todo:
+                part = todo.pop()
+                if part == "" or part == ".":
+                    continue
+                if part == "..":
+                    real = real[: real.rfind("/")] if real else ""
+                    continue
+                step = real + "/" + part
+                try:
+                    link = is_link(lstat(step).st_mode)
+                except OSError_:
+                    link = False
+                if not link:
+                    real = step
+                    continue
+                links += 1
+                if links > 40:
+                    raise Denied(f"sandbox: too many symbolic links: {path}")
+                target = readlink(step).split("/")
+                target.reverse()
+                todo += target
+                if not target[-1]:  # an absolute target starts again at /
+                    real = ""
+            if real != root and not (real + "/").startswith(inside):
+                where = "cannot write outside its directory" if event == "open" else (
+                    f"{event} outside its directory")
+                raise Denied(f"sandbox: {where}: {path}")
 
+    return hook
+
+_hook = _make_hook()
 sys.addaudithook(_hook)
+del _hook, _make_hook
 del ctypes, resource, _libc
 exec(compile(_code, "<code>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 """

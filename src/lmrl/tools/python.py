@@ -13,8 +13,9 @@ namespaces the launcher makes itself (``LMRL_SANDBOX``: ``auto``, ``bwrap`` or `
 - under kernel limits (CPU seconds, address space, the size of one file, its own stdout
   and stderr included, open files) and a seccomp filter (no processes, exec, signals,
   sockets, device nodes, xattrs, mounts, namespaces, tracing, raised limits);
-- under the audit hook of old as a second layer (writes outside its directory, sockets,
-  ``subprocess``, signals, ``ctypes``);
+- under an audit hook as a second layer (writes outside its directory, sockets,
+  ``subprocess``, signals, ``ctypes``) that the code cannot switch off: its state is closed
+  over, no global, and gc's object walks, trace functions and new hooks are refused;
 - killed with its process group at a wall-clock timeout; when the code ends the kernel kills
   whatever is left in its PID namespace.
 

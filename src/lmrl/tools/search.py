@@ -252,7 +252,8 @@ class SearchTool(Tool):
             raise ToolFault(f"{who} cannot be reached: {err.reason}") from None
         except TimeoutError:
             raise ToolTimeout(f"{who} did not answer within {timeout_s:g} s") from None
-        except http.client.RemoteDisconnected:  # before OSError: it is both
+        except ConnectionResetError:  # http.client.RemoteDisconnected too; before OSError
+            # a close with the request still unread reaches the client as a reset
             raise ToolFault(f"{who} closed the connection without answering") from None
         except http.client.HTTPException as err:  # a status line that is not HTTP's
             first = str(err.args[0] if err.args else err).strip()[:60]
