@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-# two threads; one per process when pytest-xdist runs several (make test-learning: -n 2)
+# two threads; one per process when pytest-xdist runs several (make test and test-learning: -n 2)
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 
@@ -58,33 +58,54 @@ def two_ray_nodes():
 
     Asked for 127.0.0.1, Ray advertises the machine's own address: its single-machine
     (loopback-only) mode refuses a second node. The traffic stays on this machine either way.
+    Every server binds a port the system picks (the head's GCS too, read back from ``ray
+    start``): a port found free can be taken before the GCS binds it, and Ray's fixed defaults
+    (workers on 10002-19999, the agents' 52365) are shared with any other Ray of the machine.
+    Both nodes take this process's ``RAY_AUTH_MODE`` (its driver joins them), ``disabled``
+    when unset: a head turns token authentication on by itself where ``~/.ray/auth_token``
+    exists (a local ``ray.init`` writes it, in this session or a parallel one), a joining node
+    does not, and is refused.
     """
-    from lmrl.workers.ray_cluster import free_port, kill_processes, ray_processes
+    from lmrl.workers.ray_cluster import kill_processes, ray_processes
 
-    port = free_port()
     temp_dir = f"/tmp/lmrl-ray-2n-{os.getpid()}"
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.setdefault("RAY_AUTH_MODE", "disabled")
     ray_bin = str(Path(sys.executable).with_name("ray"))
     common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--num-gpus=0",
-              "--disable-usage-stats"]  # fmt: skip
-    subprocess.run(
-        [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}",
-         "--include-dashboard=false", *common],
-        check=True, env=env, capture_output=True, timeout=120,
-    )  # fmt: skip
+              "--disable-usage-stats", "--min-worker-port=0", "--max-worker-port=0",
+              "--dashboard-agent-listen-port=0"]  # fmt: skip
     try:
-        subprocess.run(
-            [ray_bin, "start", f"--address=127.0.0.1:{port}", *common],
-            check=True, env=env, capture_output=True, timeout=120,
-        )  # fmt: skip
+        head = ray_start([ray_bin, "start", "--head", "--port=0", f"--temp-dir={temp_dir}",
+                          "--include-dashboard=false", *common], env)  # fmt: skip
+        port = ray_start_port(head)
+        ray_start([ray_bin, "start", f"--address=127.0.0.1:{port}", *common], env)
         yield f"127.0.0.1:{port}", temp_dir
     finally:
         # never `ray stop`: it would stop every Ray process of the machine
-
         kill_processes(temp_dir)
         deadline = time.monotonic() + 30
         while ray_processes(temp_dir) and time.monotonic() < deadline:
             time.sleep(0.3)
+
+
+def ray_start(command: list[str], env: dict[str, str]) -> str:
+    """Run ``ray start ...``; its output, or an error ending with it."""
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{' '.join(command[1:3])} failed: {output[-3000:]}"
+    return output
+
+
+def ray_start_port(output: str) -> int:
+    """The GCS port of a head started with ``ray start --head --port=0``: Ray prints the
+    command that joins it (``ray start --address='<ip>:<port>'``)."""
+    import re
+
+    found = re.search(r"ray start --address='[^']*:(\d+)'", output)
+    assert found, f"no address in the output of ray start: {output[-2000:]}"
+    return int(found.group(1))
 
 
 def build_search_caller(out_dir):

@@ -62,8 +62,12 @@ def _assert_same(a: dict, b: dict) -> None:
         torch.testing.assert_close(b[key], a[key], rtol=1e-5, atol=1e-9, msg=key)
 
 
-def _ray_processes(marker: str = "lmrl-ray") -> list[str]:
-    """Command lines of live processes that belong to a Ray instance started by lmrl."""
+def _ray_processes(driver: int | None = None, marker: str | None = None) -> list[str]:
+    """Command lines of live processes of the Ray instances lmrl started from process
+    ``driver`` (this one by default: its instances' temp dirs are ``/tmp/lmrl-ray-<pid>-<n>``),
+    or whose command line holds ``marker``; another test's Ray, run beside this one by
+    pytest-xdist, is not counted."""
+    marker = marker or f"lmrl-ray-{driver or os.getpid()}-"
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -113,13 +117,14 @@ def test_killed_driver_resumes_to_the_uninterrupted_run(
     run_dir = tmp_path / "killed"
     overrides = _overrides(tiny_overrides, tiny_workspace, run_dir, *RAY)
     fault = Path(__file__).with_name("fault_run.py")
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, str(fault), "update_actor@2", *overrides],
-        capture_output=True, text=True, timeout=300,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    _out, err = proc.communicate(timeout=300)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
     assert latest_checkpoint(run_dir).name == "global_step_1"
-    _wait_for(lambda: not _ray_processes(), 30)  # the reaper stops the killed driver's Ray
+    _wait_for(lambda: not _ray_processes(proc.pid), 30)  # the reaper stops the driver's Ray
     _train(overrides)  # resumes from global_step_1
     _assert_same(_weights(reference_runs["ray"]), _weights(run_dir))
 
@@ -170,7 +175,7 @@ def _wait_for(condition, seconds: float) -> None:
 
 @pytest.mark.slow
 def test_two_ray_nodes_run_a_step(two_ray_nodes, tiny_workspace, tiny_overrides, tmp_path):
-    address, _ = two_ray_nodes
+    address, temp_dir = two_ray_nodes
     run_dir = tmp_path / "two-nodes"
     extra = ("trainer.backend=ray", f"resources.ray_address={address}", "resources.nnodes=2",
              "resources.n_gpus_per_node=1", "trainer.total_training_steps=1")  # fmt: skip
@@ -183,7 +188,7 @@ def test_two_ray_nodes_run_a_step(two_ray_nodes, tiny_workspace, tiny_overrides,
     import ray
 
     assert not ray.is_initialized()  # ...and the driver left the cluster, still running
-    assert _ray_processes()
+    assert _ray_processes(marker=temp_dir)
 
 
 def test_a_separate_critic_pool_trains_like_the_colocated_critic(
@@ -246,7 +251,7 @@ def test_ctrl_c_of_the_terminal_saves_and_stops_every_ray_process(
     assert "saving after this step" in err
     saved = latest_checkpoint(run_dir)
     assert saved is not None and int(saved.name.rsplit("_", 1)[1]) >= 2
-    _wait_for(lambda: not _ray_processes(), 30)
+    _wait_for(lambda: not _ray_processes(proc.pid), 30)
 
 
 def test_fsdp2_with_gradient_checkpointing_on_two_ray_workers_equals_one_process(

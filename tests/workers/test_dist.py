@@ -8,7 +8,10 @@ workers inside Ray actors.
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
+import sys
 
 import numpy as np
 import pytest
@@ -22,7 +25,13 @@ from lmrl.models.critic import load_critic
 from lmrl.models.layout import with_row_layout
 from lmrl.workers.actor import ActorWorker
 from lmrl.workers.critic import CriticWorker
-from lmrl.workers.dist import DDP, balanced_partition, partition_rows
+from lmrl.workers.dist import (
+    DDP,
+    balanced_partition,
+    join_process_group,
+    partition_rows,
+    rendezvous_store,
+)
 from lmrl.workers.fsdp import FSDP2
 
 from .conftest import N, actor_config, add_log_probs, critic_config, make_batch
@@ -61,20 +70,67 @@ def test_the_partition_from_the_rows_layout_is_the_partition_from_the_tensors(pa
     assert all(np.array_equal(a, b) for a, b in zip(from_layout, from_tensors, strict=True))
 
 
+# ------------------------------------------------------------------ two gloo ranks
+def spawn_two_ranks(fn, *args) -> None:
+    """``fn(rank, 2, port, *args)`` in two spawned processes that meet at a rendezvous this
+    process serves (`rendezvous_store`: its port held until both are done, so no other process
+    takes it meanwhile and no rank of another test joins)."""
+    store = rendezvous_store("127.0.0.1")
+    mp.start_processes(fn, args=(2, store.port, *args), nprocs=2, start_method="spawn")
+    del store  # served until both ranks are done
+
+
+def join(rank: int, world: int, port: int) -> None:
+    """A spawned rank's start: one torch thread, and the group of `spawn_two_ranks`."""
+    torch.set_num_threads(1)
+    join_process_group("gloo", rank, world, ("127.0.0.1", port))
+
+
+def leave() -> None:
+    """A rank's end once its work is done: meet the peer, leave the group, and exit the process
+    now. FSDP2's DTensor caches keep the process group past ``destroy_process_group``, so
+    gloo's threads would still run while the interpreter tears down around them (the peer
+    closing its sockets meanwhile); a rank that raised skips this and reports its error."""
+    dist.barrier()  # no rank tears gloo down while a peer still talks to it
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def test_a_rendezvous_holds_its_port_until_the_ranks_are_done():
+    """A port found free and released (``free_port``) can be taken by any process of the
+    machine before rank 0 binds it, and a rank can then join another group; a rendezvous is
+    bound from the moment its port is known."""
+    store = rendezvous_store("127.0.0.1")
+    with socket.socket() as other, pytest.raises(OSError) as err:
+        other.bind(("127.0.0.1", store.port))
+    assert err.value.errno == errno.EADDRINUSE
+
+
+def test_rank_0_of_a_ray_group_holds_the_port_it_hands_to_its_peers():
+    from lmrl.workers.group import RankWorker
+
+    rank0 = RankWorker("actor", 0, 2)
+    host, port = rank0.master_address()
+    try:
+        with socket.socket() as other, pytest.raises(OSError) as err:
+            other.bind((host, port))
+        assert err.value.errno == errno.EADDRINUSE
+    finally:
+        rank0.stop()
+    assert rank0.store is None
+
+
 def _rank(rank: int, world: int, port: int, model_dir: str, kind: str, out: str,
           strategy: str = "ddp", dtype: str = "float64") -> None:  # fmt: skip
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        if strategy.startswith("fsdp2"):
-            dp = FSDP2(rank, world, param_offload=strategy == "fsdp2-offload")
-        else:
-            dp = DDP(rank, world)
-        _update(model_dir, kind, dp, out if rank == 0 else None, dtype, strategy.endswith("-ckpt"))
-    finally:
-        dist.barrier()  # no rank tears gloo down while a peer still talks to it
-        dist.destroy_process_group()
+    join(rank, world, port)
+    if strategy.startswith("fsdp2"):
+        dp = FSDP2(rank, world, param_offload=strategy == "fsdp2-offload")
+    else:
+        dp = DDP(rank, world)
+    _update(model_dir, kind, dp, out if rank == 0 else None, dtype, strategy.endswith("-ckpt"))
+    leave()
 
 
 def _update(model_dir: str, kind: str, dp, out: str | None, dtype: str = "float64",
@@ -107,14 +163,6 @@ def _update(model_dir: str, kind: str, dp, out: str | None, dtype: str = "float6
         torch.save({"weights": weights, "metrics": metrics}, out)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 #: (rtol, atol) of two ranks against one process: float64 agrees to rounding; float32 sums
 #: the two ranks' gradients in another order than one process does (not bitwise), and Adam's
 #: normalized step turns that into weight differences up to 1.2e-5 seen (a weight whose
@@ -139,8 +187,7 @@ def test_an_update_over_two_ranks_equals_the_single_process_update(
     local = tmp_path / "local.pt"
     _update(str(tiny_dir), kind, DataParallel(), str(local), dtype, strategy.endswith("-ckpt"))
     shared = tmp_path / "ddp.pt"
-    mp.start_processes(_rank, nprocs=2, start_method="spawn",
-                       args=(2, _free_port(), str(tiny_dir), kind, str(shared), strategy, dtype))  # fmt: skip
+    spawn_two_ranks(_rank, str(tiny_dir), kind, str(shared), strategy, dtype)
     a, b = torch.load(local), torch.load(shared)
     assert a["weights"].keys() == b["weights"].keys()
     rtol, atol = TOLERANCE[dtype]
@@ -160,28 +207,23 @@ def test_an_update_over_two_ranks_equals_the_single_process_update(
 
 
 def _reference_rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor
 
-        from lmrl.models import build_reference
-        from lmrl.workers.reference import ReferenceWorker
+    from lmrl.models import build_reference
+    from lmrl.workers.reference import ReferenceWorker
 
-        dp = FSDP2(rank, world)
-        frozen = build_reference(load_causal_lm(model_dir, dtype="float64", device="cpu"))
-        frozen.model = dp.prepare_frozen(frozen.model)
-        assert all(isinstance(p, DTensor) for p in frozen.model.parameters())  # sharded
-        worker = ReferenceWorker(frozen, micro_batch_size=2, temperature=0.8, dp=dp)
-        batch = make_batch(seed=3)
-        mine = batch if rank == 0 else batch.index([])  # rank 1 has no rows to score
-        log_probs = worker.compute_log_probs(mine)
-        if rank == 0:
-            torch.save(log_probs, out)
-    finally:
-        dist.barrier()  # no rank tears gloo down while a peer still talks to it
-        dist.destroy_process_group()
+    join(rank, world, port)
+    dp = FSDP2(rank, world)
+    frozen = build_reference(load_causal_lm(model_dir, dtype="float64", device="cpu"))
+    frozen.model = dp.prepare_frozen(frozen.model)
+    assert all(isinstance(p, DTensor) for p in frozen.model.parameters())  # sharded
+    worker = ReferenceWorker(frozen, micro_batch_size=2, temperature=0.8, dp=dp)
+    batch = make_batch(seed=3)
+    mine = batch if rank == 0 else batch.index([])  # rank 1 has no rows to score
+    log_probs = worker.compute_log_probs(mine)
+    if rank == 0:
+        torch.save(log_probs, out)
+    leave()
 
 
 def test_a_sharded_reference_scores_uneven_rows_as_one_process(tiny_dir, tmp_path):
@@ -194,8 +236,7 @@ def test_a_sharded_reference_scores_uneven_rows_as_one_process(tiny_dir, tmp_pat
     local = ReferenceWorker(build_reference(model), micro_batch_size=2, temperature=0.8)
     want = local.compute_log_probs(make_batch(seed=3))
     out = tmp_path / "ref.pt"
-    mp.start_processes(_reference_rank, args=(2, _free_port(), str(tiny_dir), str(out)),
-                       nprocs=2, start_method="spawn")  # fmt: skip
+    spawn_two_ranks(_reference_rank, str(tiny_dir), str(out))
     torch.testing.assert_close(torch.load(out), want, rtol=1e-10, atol=1e-10)
 
 
@@ -208,20 +249,15 @@ def _widened(model_dir: str) -> dict[str, torch.Tensor]:
 
 
 def _other_weights_rank(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join(rank, world, port)
+    dp = FSDP2(rank, world)
+    model = dp.prepare(load_causal_lm(model_dir, dtype="float32", device="cpu"))
     try:
-        dp = FSDP2(rank, world)
-        model = dp.prepare(load_causal_lm(model_dir, dtype="float32", device="cpu"))
-        try:
-            dp.load_model_state(model, _widened(model_dir))
-        except ValueError as err:
-            with open(f"{out}.{rank}", "w") as f:
-                f.write(str(err))
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+        dp.load_model_state(model, _widened(model_dir))
+    except ValueError as err:
+        with open(f"{out}.{rank}", "w") as f:
+            f.write(str(err))
+    leave()
 
 
 def test_weights_of_another_model_are_refused_in_one_line(tiny_dir, tmp_path):
@@ -241,6 +277,5 @@ def test_weights_of_another_model_are_refused_in_one_line(tiny_dir, tmp_path):
     )
     assert "\n" not in message
     out = tmp_path / "err"
-    mp.start_processes(_other_weights_rank, args=(2, _free_port(), str(tiny_dir), str(out)),
-                       nprocs=2, start_method="spawn")  # fmt: skip
+    spawn_two_ranks(_other_weights_rank, str(tiny_dir), str(out))
     assert (tmp_path / "err.0").read_text() == (tmp_path / "err.1").read_text() == message

@@ -20,12 +20,9 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from lmrl.config import ModelConfig
@@ -37,7 +34,7 @@ from lmrl.workers.precision import Precision
 
 from ..trainer.conftest import flow_workspace  # noqa: F401  (a fixture)
 from .conftest import N, actor_config, add_log_probs, make_batch
-from .test_dist import _free_port
+from .test_dist import join, leave, spawn_two_ranks
 
 GRAD_RTOL = 0.02
 STEP_RTOL = 0.15
@@ -227,20 +224,15 @@ def test_flow_grpo_steps_in_mixed_bf16_over_fp32_weights(flow_workspace, tmp_pat
 
 # ------------------------------------------------------------------ two gloo ranks
 def _rank(rank: int, world: int, port: int, model_dir: str, strategy: str, out: str) -> None:
-    torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        from lmrl.workers.dist import DDP
-        from lmrl.workers.fsdp import FSDP2
+    from lmrl.workers.dist import DDP
+    from lmrl.workers.fsdp import FSDP2
 
-        dp = FSDP2(rank, world) if strategy == "fsdp2" else DDP(rank, world)
-        weights, dtypes = _mixed_update(model_dir, dp)
-        if rank == 0:
-            torch.save({"weights": weights, "dtypes": dtypes}, out)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+    join(rank, world, port)
+    dp = FSDP2(rank, world) if strategy == "fsdp2" else DDP(rank, world)
+    weights, dtypes = _mixed_update(model_dir, dp)
+    if rank == 0:
+        torch.save({"weights": weights, "dtypes": dtypes}, out)
+    leave()
 
 
 def _mixed_update(model_dir: str, dp=None):
@@ -269,8 +261,7 @@ def test_two_ranks_in_mixed_precision_give_the_one_process_weights(tiny_dir, tmp
     weights, dtypes = _mixed_update(str(tiny_dir))
     assert dtypes == {torch.float32}
     out = tmp_path / "ranks.pt"
-    mp.start_processes(_rank, nprocs=2, start_method="spawn",
-                       args=(2, _free_port(), str(tiny_dir), strategy, str(out)))  # fmt: skip
+    spawn_two_ranks(_rank, str(tiny_dir), strategy, str(out))
     got = torch.load(out)
     assert got["dtypes"] == {torch.float32}
     assert {t.dtype for t in got["weights"].values()} == {torch.float32}

@@ -253,8 +253,20 @@ def test_ray_client_addresses_are_probed_without_their_scheme():
         assert _unreachable(f"ray://127.0.0.1:{port}") is None
 
 
+@pytest.fixture
+def ray_token_at_home(tmp_path, monkeypatch):
+    """A machine where a local ``ray.init`` ran before (it writes ``~/.ray/auth_token``), and
+    a process that has not set ``RAY_AUTH_MODE``: a head started there turns token
+    authentication on by itself, a node joining it does not."""
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("a" * 32)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+
+
 @pytest.mark.slow
-def test_two_nodes_on_loopback_place_one_worker_each(two_ray_nodes):
+def test_two_nodes_on_loopback_place_one_worker_each(ray_token_at_home, two_ray_nodes):
+    """Whether a Ray token is at home or not (it is here): the second node joins."""
     address, temp_dir = two_ray_nodes
     resources = replace(ResourcesConfig(), ray_address=address, nnodes=2, n_gpus_per_node=1)
     cluster = RayCluster(resources, device="cpu").start()

@@ -17,11 +17,17 @@ ranks by the worker group instead, since their rows are independent.
 ``DataParallel`` is the one-rank case (every method a no-op, what the local backend uses);
 ``DDP`` all-reduces gradients over gloo (CPU) or NCCL (GPU); ``lmrl.workers.fsdp.FSDP2``
 shards parameters, gradients and optimizer state.
+
+The ranks meet at a rendezvous (`rendezvous_store`) served on a port the system picks and
+holds from then on, and join the group through it (`join_process_group`). A port found free
+and closed again for the ranks to bind later can be taken meanwhile by any process of the
+machine: rank 0 then fails to bind it, and a rank of another group can join the wrong one.
 """
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import time
 from collections.abc import Iterator
 
@@ -39,10 +45,34 @@ __all__ = [
     "DDP",
     "DataParallel",
     "balanced_partition",
+    "join_process_group",
     "model_state",
     "partition_rows",
+    "rendezvous_store",
     "row_tokens",
 ]
+
+RENDEZVOUS_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def rendezvous_store(host: str, timeout: datetime.timedelta = RENDEZVOUS_TIMEOUT) -> dist.TCPStore:
+    """The rendezvous of one process group: a ``TCPStore`` served from this process on
+    ``host`` at a port the system picks (``.port``), bound from now until the store is dropped,
+    so no other process can take it before the ranks arrive."""
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+
+
+def join_process_group(
+    backend: str, rank: int, world_size: int, address: tuple[str, int],
+    store: dist.Store | None = None, timeout: datetime.timedelta = RENDEZVOUS_TIMEOUT,
+) -> None:  # fmt: skip
+    """Join the default process group at the rendezvous ``address`` (host, port), as a client
+    of its store, or through ``store`` itself in the process that serves it."""
+    if store is None:
+        host, port = address
+        store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                            timeout=timeout)  # fmt: skip
 
 
 def row_tokens(batch: Batch) -> torch.Tensor:

@@ -28,7 +28,6 @@ a dead peer would otherwise hang). The remote traceback goes to the log, not the
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import logging
 import os
@@ -43,7 +42,13 @@ from lmrl.batch import Batch
 from lmrl.batch.schema import keys as schema_keys
 from lmrl.config import Config
 from lmrl.errors import LmrlError, WorkerError
-from lmrl.workers.dist import DDP, partition_rows
+from lmrl.workers.dist import (
+    DDP,
+    RENDEZVOUS_TIMEOUT,
+    join_process_group,
+    partition_rows,
+    rendezvous_store,
+)
 from lmrl.workers.plan import WorkerPlan
 
 if TYPE_CHECKING:
@@ -104,6 +109,7 @@ class RankWorker:
         self.workers = None
         self.reward = None
         self.dp = None
+        self.store: torch.distributed.TCPStore | None = None  # rank 0 serves the rendezvous
         self.device = torch.device("cpu")
         self.busy: dict[str, list[float]] = defaultdict(list)
 
@@ -124,33 +130,29 @@ class RankWorker:
         return {"pid": os.getpid(), "node": node_ip()}
 
     def master_address(self) -> tuple[str, int]:
-        """Rank 0's host and a free port on it, for ``torch.distributed``'s rendezvous."""
-        from lmrl.workers.ray_cluster import free_port, node_ip
+        """Rank 0's host and the port of the group's rendezvous, served from this rank and held
+        until `stop` (`lmrl.workers.dist.rendezvous_store`)."""
+        from lmrl.workers.ray_cluster import node_ip
 
         host = node_ip()
-        return host, free_port(host)
+        self.store = rendezvous_store(host, timeout=RENDEZVOUS_TIMEOUT)
+        return host, self.store.port
 
     def setup(
         self, cfg: Config, plan: WorkerPlan, roles: Sequence[str], master: tuple[str, int],
         total_steps: int,
     ) -> dict[str, Any]:  # fmt: skip
         """Join the process group and build this rank's workers (seeded like the driver)."""
-        import torch.distributed as dist
-
         from lmrl.models import load_tokenizer, resolve_device
         from lmrl.workers.build import build_workers, seed_everything
 
         device = resolve_device(cfg.trainer.device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        host, port = master
-        dist.init_process_group(
-            backend="nccl" if device.type == "cuda" else "gloo",
-            init_method=f"tcp://{host}:{port}",
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=datetime.timedelta(minutes=30),
-        )
+        join_process_group(
+            "nccl" if device.type == "cuda" else "gloo", self.rank, self.world_size, master,
+            store=self.store, timeout=RENDEZVOUS_TIMEOUT,
+        )  # fmt: skip
         seed_everything(cfg.trainer.seed)
         strategy = cfg.critic.strategy if self.group == "critic" else cfg.actor.strategy
         offload = cfg.critic.offload if self.group == "critic" else cfg.actor.offload
@@ -185,6 +187,7 @@ class RankWorker:
             self.reward.close()
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.store = None  # rank 0 frees the rendezvous port
 
     # -- forward-only passes (every rank is called, so collectives line up under FSDP2)
     @_busy

@@ -54,7 +54,8 @@ def node_ip() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now (for ``torch.distributed``'s rendezvous)."""
+    """A TCP port free on ``host`` right now, and released: any process may take it before
+    it is used (a process group meets at `lmrl.workers.dist.rendezvous_store` instead)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
