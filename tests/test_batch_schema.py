@@ -146,3 +146,14 @@ def test_a_flow_rollout_writes_its_declared_keys():
     assert set(written) == set(keys(writer="flow_rollout"))
     for key in written:
         assert batch[key].dtype in KEYS[key].dtypes, key
+
+
+def test_the_key_types_are_the_schemas_keys():
+    """``TensorKey`` and ``ColumnKey`` (what a type checker reads ``batch[key]`` by) list
+    exactly the schema's tensor and column keys."""
+    from typing import get_args
+
+    from lmrl.batch.schema import KEYS, ColumnKey, TensorKey
+
+    assert set(get_args(TensorKey)) == {k for k, spec in KEYS.items() if spec.dtype != "object"}
+    assert set(get_args(ColumnKey)) == {k for k, spec in KEYS.items() if spec.dtype == "object"}

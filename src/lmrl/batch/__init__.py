@@ -25,13 +25,13 @@ The module also holds the padding helpers used to build batches: `pad_2d` and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
 from tensordict import TensorDict
 
-from lmrl.batch.schema import check_write, strict
+from lmrl.batch.schema import ColumnKey, TensorKey, check_write, strict
 
 __all__ = ["Batch", "last_true", "lengths_to_mask", "pad_2d", "response_tokens_mask"]
 
@@ -168,6 +168,13 @@ class Batch:
 
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and (key in self.non_tensors or self._has_tensor(key))
+
+    @overload
+    def __getitem__(self, key: TensorKey) -> torch.Tensor: ...
+    @overload
+    def __getitem__(self, key: ColumnKey) -> np.ndarray: ...
+    @overload
+    def __getitem__(self, key: str) -> torch.Tensor | np.ndarray: ...
 
     def __getitem__(self, key: str) -> torch.Tensor | np.ndarray:
         """The tensor or the non-tensor column stored under ``key``.

@@ -35,6 +35,7 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -43,7 +44,9 @@ __all__ = [
     "KEYS",
     "ROLES",
     "STAGES",
+    "ColumnKey",
     "Key",
+    "TensorKey",
     "UndeclaredKeyError",
     "check_write",
     "keys",
@@ -234,6 +237,64 @@ _GROUPS: dict[str, list[tuple]] = {
 KEYS: dict[str, Key] = {
     spec[0]: Key(*spec[:6], group, *spec[6:]) for group, specs in _GROUPS.items() for spec in specs
 }
+
+
+#: the keys of tensors and of columns as types, so that a type checker reads ``batch["responses"]``
+#: as a ``torch.Tensor`` and ``batch["uid"]`` as a numpy column (`lmrl.batch.Batch.__getitem__`);
+#: tests/test_batch_schema.py holds them equal to `KEYS`
+TensorKey = Literal[
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "prompts",
+    "responses",
+    "response_mask",
+    "rollout_log_probs",
+    "agent_turns",
+    "agent_tool_calls",
+    "agent_valid_calls",
+    "agent_tool_errors",
+    "agent_tool_timeouts",
+    "agent_obs_tokens",
+    "agent_answered",
+    "token_level_scores",
+    "reward_baselines",
+    "old_log_probs",
+    "ref_log_probs",
+    "rollout_is_weights",
+    "loss_mask",
+    "values",
+    "token_level_rewards",
+    "advantages",
+    "returns",
+    "prompt_group",
+    "weights_version",
+    "latents",
+    "next_latents",
+    "log_probs",
+    "timesteps",
+    "next_timesteps",
+    "step_mask",
+    "images",
+    "cond",
+    "old",
+    "adv",
+    "row",
+]
+ColumnKey = Literal[
+    "data_source",
+    "ground_truth",
+    "extra_info",
+    "raw_prompt",
+    "ability",
+    "index",
+    "uid",
+    "pixel_values",
+    "image_grid_thw",
+    "reward_texts",
+    "row_layout",
+    "steps",
+]
 
 
 def keys(

@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -404,7 +404,8 @@ class RunLoop:
 class RunsOnLoop:
     """``fit`` for a program, and what its last run left: the same for every program.
 
-    A program sets ``settings`` (its config's ``trainer`` section) and may set ``on_stage``.
+    A program sets ``settings`` (its config's ``trainer`` section) and may set ``on_stage``;
+    it implements the rest of `Program`, which the loop runs it as.
     """
 
     settings: RunSettings
@@ -419,7 +420,7 @@ class RunsOnLoop:
             on_step_end: ``on_step_end(step, metrics) -> stop``, asked after each step; True
                 ends the run there (validated, saved and exported like a last step).
         """
-        self.loop = RunLoop(self, self.settings, self.on_stage, on_step_end)
+        self.loop = RunLoop(cast(Program, self), self.settings, self.on_stage, on_step_end)
         return self.loop.run()
 
     @property
@@ -449,7 +450,9 @@ class RunsOnLoop:
 
     def save_checkpoint(self) -> Path:
         """Write ``global_step_<N>`` now (atomically); returns its path."""
-        return (self.loop or RunLoop(self, self.settings, self.on_stage)).save_checkpoint()
+        return (
+            self.loop or RunLoop(cast(Program, self), self.settings, self.on_stage)
+        ).save_checkpoint()
 
 
 def _every(freq: int, step: int) -> bool:

@@ -234,7 +234,7 @@ def agent_metrics(batch: Batch) -> dict[str, float]:
     ``env/finish_ratio``)."""
     if "agent_turns" not in batch or len(batch) == 0:
         return {}
-    col = {k: batch[k].double() for k in AGENT_KEYS}
+    col = {k: batch.tensors[k].double() for k in AGENT_KEYS}  # all tensors (the schema's)
     calls = col["agent_tool_calls"].sum()
     tokens = response_tokens_mask(batch).sum()
     return {

@@ -323,7 +323,8 @@ class Trainer(RunsOnLoop):
         if m.lora_rank > 0:
             extra = adapter_export(weights, m)  # final/adapter: the adapter in PEFT's format
             weights = merged_state(weights, m.lora_alpha / m.lora_rank)
-        return export_pretrained(out, weights, m.path, self.parts.tokenizer, m.trust_remote_code,
+        base = m.path or ""  # required: the config's checks refuse a run without it
+        return export_pretrained(out, weights, base, self.parts.tokenizer, m.trust_remote_code,
                                  extra=extra)  # fmt: skip
 
     def lower_lr(self, factor: float) -> float:

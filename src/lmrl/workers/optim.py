@@ -140,7 +140,7 @@ class TrainableWorker:
     @property
     def lr(self) -> float:
         """The learning rate of the next optimizer step."""
-        return self.scheduler.get_last_lr()[0]
+        return float(self.scheduler.get_last_lr()[0])
 
     def mini_batches(self, batch, epochs: int, shuffle: bool, size: int):
         """``epochs`` passes over ``batch`` in pieces of ``size`` rows, in train mode.
