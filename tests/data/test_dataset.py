@@ -90,8 +90,17 @@ def test_json_lines_in_a_json_file_and_plain_string_prompts(tmp_path, tok):
         "\n".join(json.dumps(r) for r in [{"data_source": "digits", "prompt": "reverse 12 ->"}] * 2)
     )
     ds = RLDataset(path, tok)
-    assert tok.decode(ds[0]["input_ids"]) == "reverse 12 ->"  # verbatim, no chat template
+    # a plain-string prompt is one user turn under the chat template, as lmrl sft renders it
+    assert tok.decode(ds[0]["input_ids"]) == template("reverse 12 ->")
+    assert ds[0]["raw_prompt"] == "reverse 12 ->"  # the row's own value
     assert ds[0]["ground_truth"] is None and ds[0]["extra_info"] == {}
+    assert (ds.layout.renderings, ds.layout.message_prompts) == (("chat",), False)
+    ds = RLDataset(path, tok, prompt_template="verbatim")
+    assert tok.decode(ds[0]["input_ids"]) == "reverse 12 ->"  # data.prompt_template=verbatim
+    assert ds.layout.renderings == ("verbatim",)
+    bare = build_tokenizer()
+    bare.chat_template = None
+    assert tok.decode(RLDataset(path, bare)[0]["input_ids"]) == "reverse 12 ->"  # no template
 
 
 def test_configurable_column_names(tmp_path, tok):

@@ -65,13 +65,22 @@ def test_prompt_response_layout_with_chat_and_string_prompts(tmp_path, tokenizer
         {"prompt": [{"role": "user", "content": "hi"}], "response": "yo"},
         {"prompt": "Q: 2+2=", "response": "4"},
     ]
-    data = SFTDataset(write_jsonl(tmp_path / "d.jsonl", rows), tokenizer)
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    data = SFTDataset(path, tokenizer)
     (chat_ids, chat_mask), (text_ids, text_mask) = data.examples
     assert chat_ids == chatml_prompt("hi") + byte_ids("yo") + [IM_END]
     assert sum(chat_mask) == 3 and chat_mask[-3:] == [True] * 3
-    # a plain-string prompt is used verbatim; its response ends with the EOS token
+    # a plain-string prompt is one user turn under the chat template (verl's SFT rule)
+    assert text_ids == chatml_prompt("Q: 2+2=") + byte_ids("4") + [IM_END]
+    assert text_mask == [False] * len(chatml_prompt("Q: 2+2=")) + [True, True]
+    assert data.layout.renderings == ("chat",) and data.layout.message_prompts
+    # data.prompt_template=verbatim: the string as it is; its response ends with the EOS token
+    data = SFTDataset(path, tokenizer, prompt_template="verbatim")
+    (chat_ids, _), (text_ids, text_mask) = data.examples
+    assert chat_ids == chatml_prompt("hi") + byte_ids("yo") + [IM_END]  # messages: templated
     assert text_ids == byte_ids("Q: 2+2=") + byte_ids("4") + [tokenizer.eos_token_id]
     assert text_mask == [False] * 7 + [True, True]
+    assert data.layout.renderings == ("chat", "verbatim")
 
 
 def test_mask_pattern_leaves_tool_observations_untrained(tmp_path, tokenizer):
@@ -129,12 +138,13 @@ def test_bad_rows_name_the_row_and_the_column(tmp_path, tokenizer):
 def test_truncation(tmp_path, tokenizer):
     rows = [{"prompt": "abcdef", "response": "xyz"}, {"prompt": "a" * 20, "response": "b"}]
     path = write_jsonl(tmp_path / "d.jsonl", rows)
+    kw = {"prompt_template": "verbatim", "max_length": 12}
     with pytest.raises(ValueError, match=r"row 1: the example has 22 tokens, more than"):
-        SFTDataset(path, tokenizer, max_length=12)
-    left = SFTDataset(path, tokenizer, max_length=12, truncation="left")
+        SFTDataset(path, tokenizer, **kw)
+    left = SFTDataset(path, tokenizer, truncation="left", **kw)
     assert [len(ids) for ids, _ in left.examples] == [10, 12]
     # right truncation cuts row 1's response away: the row is dropped
-    right = SFTDataset(path, tokenizer, max_length=12, truncation="right")
+    right = SFTDataset(path, tokenizer, truncation="right", **kw)
     assert right.stats == {"rows": 2, "truncated": 1, "dropped": 1, "examples": 1,
                            "loss_tokens": 4}  # fmt: skip
 
@@ -157,4 +167,5 @@ def test_bad_input_is_a_data_error_naming_file_row_and_column(tmp_path, tokenize
         SFTDataset(tmp_path / "missing.jsonl", tokenizer)
     with pytest.raises(DataError, match=r"row 1: the example has 22 tokens"):
         rows = [{"prompt": "abcdef", "response": "xyz"}, {"prompt": "a" * 20, "response": "b"}]
-        SFTDataset(write_jsonl(tmp_path / "t.jsonl", rows), tokenizer, max_length=12)
+        SFTDataset(write_jsonl(tmp_path / "t.jsonl", rows), tokenizer, max_length=12,
+                   prompt_template="verbatim")  # fmt: skip

@@ -63,6 +63,14 @@ class DataConfig:
         None, "Validation prompts: a file or a list of them; null = no validation."
     )
     prompt_key: str = opt("prompt", "Column holding the prompt (chat messages or a string).")
+    prompt_template: Literal["chat", "verbatim"] = opt(
+        "chat",
+        "How a plain-string prompt is rendered: chat = one user turn under the tokenizer's chat "
+        "template with the generation prompt (verl's SFT rule; verbatim when the tokenizer has "
+        "no template); verbatim = the string as it is. Chat-message prompts are always "
+        "templated. Same key and rule in lmrl sft; a warm start from lmrl sft is checked "
+        "against it before the first step.",
+    )
     reward_fn_key: str = opt(
         "data_source", "Column that selects the score function for each sample."
     )

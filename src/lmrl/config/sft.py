@@ -12,7 +12,9 @@ verl's GPU stack get a one-line notice) and the resolve/validate steps of this m
 
 Choices: the data layout is read from the columns (``data.response_key`` present ->
 prompt/response; else ``data.messages_key`` -> chat messages), unless
-``data.response_from_ground_truth`` asks for verl RL-format rows; ``data.micro_batch_size``
+``data.response_from_ground_truth`` asks for verl RL-format rows; a plain-string prompt is one
+user turn under the chat template unless ``data.prompt_template=verbatim``, as in ``lmrl
+train`` (``lmrl.data.layout``); ``data.micro_batch_size``
 null means the whole batch in one forward pass (fastest on CPU for small models).
 """
 
@@ -53,7 +55,17 @@ class SFTDataConfig:
         None, "Validation examples (same layout); null = no validation loss."
     )
     prompt_key: str = opt(
-        "prompt", "Column holding the prompt: chat messages (templated) or a string (verbatim)."
+        "prompt",
+        "Column holding the prompt: chat messages (templated) or a string (data.prompt_template).",
+    )
+    prompt_template: Literal["chat", "verbatim"] = opt(
+        "chat",
+        "How a plain-string prompt is rendered: chat = one user turn under the tokenizer's chat "
+        "template with the generation prompt, its response the assistant turn (verl's SFT "
+        "rule; verbatim when the tokenizer has no template); verbatim = the string as it is, "
+        "its response followed by EOS. The rule lmrl train applies with the same key; the "
+        "renderings used are recorded in final/lmrl_prompt_layout.json and checked by lmrl "
+        "train.",
     )
     response_key: str = opt(
         "response", "Column holding the response string (the prompt/response layout)."

@@ -6,8 +6,9 @@ path or a list. The columns are verl's:
 
 - ``prompt`` (``prompt_key``): a list of chat messages ``[{"role": ..., "content": str}]``,
   rendered with the tokenizer's chat template and the generation prompt; or a plain string,
-  used verbatim (TRL's rule for "standard" prompts: no template, the tokenizer's own special
-  tokens added);
+  rendered by ``prompt_template`` (``lmrl.data.layout``, the rule ``lmrl sft`` follows too):
+  as one user turn under the chat template (``chat``, the default, as verl's SFT does) or
+  verbatim with the tokenizer's own special tokens (``verbatim``);
 - ``data_source`` (``reward_fn_key``): picks the scorer;
 - ``reward_model.ground_truth``: anything (a string, a dict...); a file without a
   ``reward_model`` column has no ground truth (None);
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from lmrl.batch import Batch, lengths_to_mask, pad_2d
+from lmrl.data.layout import PromptLayout, as_chat
 from lmrl.errors import DataError, ModelError
 
 log = logging.getLogger("lmrl.data")
@@ -259,9 +261,14 @@ class RLDataset:
         truncation: for longer prompts when not filtering: ``"error"`` (raise, naming the row),
             ``"left"`` (keep the last tokens) or ``"right"`` (keep the first tokens).
         chat_template_kwargs: extra keyword arguments for ``apply_chat_template``.
+        prompt_template: how a plain-string prompt is rendered: ``"chat"`` (one user turn
+            under the chat template, when the tokenizer has one) or ``"verbatim"``
+            (``lmrl.data.layout``).
 
     Attributes:
         stats: ``{"rows_read", "filtered", "truncated", "rows"}``.
+        layout: how the prompts were rendered (`lmrl.data.layout.PromptLayout`), checked
+            against a warm start's record.
 
     Raises:
         DataError: bad input, naming the file, the row and the column.
@@ -280,6 +287,7 @@ class RLDataset:
         filter_overlong_prompts: bool = False,
         truncation: str = "error",
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        prompt_template: str = "chat",
     ):
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation must be one of {list(TRUNCATIONS)}, got {truncation!r}")
@@ -311,8 +319,13 @@ class RLDataset:
         if not rows:
             raise DataError(f"no rows in {[str(p) for p in paths]}")
 
-        ids = self._tokenize(
-            [r["raw_prompt"] for r in rows], where, dict(chat_template_kwargs or {})
+        prompts = [r["raw_prompt"] for r in rows]
+        rendered = [as_chat(p, tokenizer, prompt_template) for p in prompts]
+        ids = self._tokenize(rendered, where, dict(chat_template_kwargs or {}))
+        self.layout = PromptLayout.of(
+            prompt_template,
+            ("verbatim" if isinstance(p, str) else "chat" for p in rendered),
+            message_prompts=any(not isinstance(p, str) for p in prompts),
         )
         kept, filtered, truncated = [], 0, 0
         for row, tokens, at in zip(rows, ids, where, strict=True):

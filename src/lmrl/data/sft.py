@@ -12,8 +12,14 @@ assistant turn is the text the template adds for it, tokenized on its own, as th
 engine generates it after the templated prompt: ``31284<|im_end|>`` for ChatML. The loss
 covers the turn up to and including its last special token (the end-of-turn the engine stops
 at); what the template writes after it (ChatML's ``\\n``) is context, and dropped at the end
-of a sequence. A plain-string prompt is used verbatim, as ``lmrl.data.RLDataset`` does, and its
-response is followed by the tokenizer's EOS token.
+of a sequence. A plain-string prompt follows ``prompt_template``, the rule
+``lmrl.data.RLDataset`` follows too (``lmrl.data.layout``): by default it is one user turn under
+the chat template (verl's SFT rule), its response that turn's assistant answer, so a
+string-prompt SFT file and a chat-message RL file show the model the same prompt tokens; with
+``verbatim`` (or a tokenizer without a chat template) it is used as it is, special tokens
+added, and its response is followed by the tokenizer's EOS token. ``SFTDataset.layout`` says
+which renderings the prompts got; ``lmrl sft`` records it with the exported model, and ``lmrl
+train`` checks its own prompts against that record.
 
 Bad rows raise ``lmrl.errors.DataError`` naming the file, the row and the column.
 """
@@ -29,6 +35,7 @@ from typing import Any, NamedTuple, TypeVar
 import torch
 
 from lmrl.data.dataset import check_prompt, read_records
+from lmrl.data.layout import PromptLayout, as_chat
 from lmrl.errors import DataError, ModelError
 
 log = logging.getLogger(__name__)
@@ -129,6 +136,7 @@ def row_segments(
     response_key: str = "response",
     messages_key: str = "messages",
     response_from_ground_truth: bool = False,
+    prompt_template: str = "chat",
 ) -> list[Segment]:
     """The text segments of one row, in whichever layout it has (see the module docstring).
 
@@ -138,9 +146,12 @@ def row_segments(
         where: ``"<file>: row <i>"`` for error messages.
         prompt_key, response_key, messages_key: the column names.
         response_from_ground_truth: take the response from ``reward_model.ground_truth``.
+        prompt_template: how a plain-string prompt is rendered (``lmrl.data.layout``):
+            ``"chat"`` (one user turn, when the tokenizer has a chat template) or
+            ``"verbatim"``.
     Returns:
         The row's segments: the templated chat split into context and assistant turns, or a
-        plain-string prompt (special tokens added) and its response (EOS appended).
+        verbatim plain-string prompt (special tokens added) and its response (EOS appended).
     Raises:
         DataError: a missing or malformed column, naming the row and the column.
     """
@@ -181,7 +192,8 @@ def row_segments(
     if prompt_key not in row:
         raise DataError(f"{where}: column {prompt_key!r}: missing (columns there: {sorted(row)})")
     column = f"{where}: column {prompt_key!r}"
-    prompt = _as_data_error(check_prompt, row[prompt_key], column)
+    prompt = as_chat(_as_data_error(check_prompt, row[prompt_key], column), tokenizer,
+                     prompt_template)  # fmt: skip
     if isinstance(prompt, str):
         return [Segment(prompt, False, special_tokens=True), Segment(response, True, eos=True)]
     return chat_segments(tokenizer, [*prompt, {"role": "assistant", "content": response}], column)
@@ -197,6 +209,8 @@ class SFTDataset:
             message prompts).
         prompt_key, response_key, messages_key, response_from_ground_truth: the layout (see
             the module docstring).
+        prompt_template: how a plain-string prompt is rendered: ``"chat"`` (one user turn
+            under the chat template, when the tokenizer has one) or ``"verbatim"``.
         mask_pattern: a regex; the parts of a trained segment it matches become context
             (tool observations in multi-turn demonstrations); None = train everything.
         max_length: the most tokens per example; None = no limit.
@@ -208,6 +222,8 @@ class SFTDataset:
         examples: ``(input_ids, loss_mask)`` per example: lists of ints and bools, the mask
             True at tokens the loss is on (never the first token, which nothing predicts).
         stats: ``{"rows", "truncated", "dropped", "examples", "loss_tokens"}``.
+        layout: how the prompts were rendered (`lmrl.data.layout.PromptLayout`), recorded
+            with the exported model.
 
     Raises:
         ValueError: bad arguments. DataError: bad input, naming the file, the row and the
@@ -226,6 +242,7 @@ class SFTDataset:
         mask_pattern: str | None = None,
         max_length: int | None = None,
         truncation: str = "error",
+        prompt_template: str = "chat",
     ) -> None:
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation must be one of {list(TRUNCATIONS)}, got {truncation!r}")
@@ -245,6 +262,7 @@ class SFTDataset:
 
         rows: list[list[Segment]] = []
         where: list[str] = []
+        message_prompts = False
         for path in paths:
             for i, raw in enumerate(_as_data_error(read_records, path)):
                 at = f"{path}: row {i}"
@@ -252,11 +270,20 @@ class SFTDataset:
                     raw, tokenizer, at, prompt_key=prompt_key, response_key=response_key,
                     messages_key=messages_key,
                     response_from_ground_truth=response_from_ground_truth,
+                    prompt_template=prompt_template,
                 )  # fmt: skip
+                whole_chat = not response_from_ground_truth and response_key not in raw
+                message_prompts |= whole_chat or not isinstance(raw[prompt_key], str)
                 rows.append(mask_segments(segments, mask) if mask is not None else segments)
                 where.append(at)
         if not rows:
             raise DataError(f"no rows in {[str(p) for p in paths]}")
+        # a verbatim prompt is the one segment tokenized with the tokenizer's special tokens
+        self.layout = PromptLayout.of(
+            prompt_template,
+            ("verbatim" if segs[0].special_tokens else "chat" for segs in rows),
+            message_prompts,
+        )
 
         self.examples: list[tuple[list[int], list[bool]]] = []
         truncated = dropped = 0

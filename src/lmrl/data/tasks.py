@@ -268,8 +268,9 @@ def generate_rows(
         seed: the generator's seed.
         prompt_format: None writes the prompt as chat messages (``[{"role": "user",
             "content": ...}]``, templated at training time); a format string with one ``{}``
-            writes it as a plain string, used verbatim without a chat template (e.g.
-            ``"{}="`` gives ``"reverse 48213="``: shorter prompts for tiny models).
+            writes it as a plain string (e.g. ``"{}="`` gives ``"reverse 48213="``), rendered
+            as one user turn under the chat template unless ``data.prompt_template=verbatim``
+            keeps it as it is (shorter prompts for tiny models; ``lmrl.data.layout``).
         **options: passed to the task's generator (e.g. ``op="sort"`` for ``digits``).
 
     Returns:

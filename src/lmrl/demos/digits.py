@@ -32,8 +32,10 @@ Choices (``docs/demo.md`` has the runs behind them):
   one checkpoint at the end. It stops once validation accuracy (every ``test_freq`` steps)
   reaches ``target_acc``, since more steps only cost time; ``rl_steps`` is the cap.
 - Prompts are chat messages, templated (ChatML, ~32 tokens). Plain-string prompts
-  (``prompt_format="{}="``, 15 tokens) halve the cost of a step, but both SFT and GRPO
-  learn from them more slowly.
+  (``prompt_format="{}="``) are rendered by the same rule as every run's
+  (``data.prompt_template``, the chat template by default: the same tokens); kept verbatim
+  (15 tokens) they halved the cost of a step, but both SFT and GRPO learned from them more
+  slowly.
 - ``out_dir`` starts fresh (`demo_dir`): a previous demo there, recognised by its
   ``demo.json`` (written first, so an interrupted demo is recognised too), is replaced; any
   other non-empty directory is refused before any work, and nothing in it is touched.
@@ -495,7 +497,8 @@ def run_demo(
         test_freq: validate every this many GRPO steps.
         num_train, num_val: task sizes (every validation prompt is validated on).
         prompt_format: None for chat-message prompts (templated), or a string with one ``{}``
-            for plain-string prompts (see ``lmrl.data.tasks.generate_rows``).
+            for plain-string prompts (see ``lmrl.data.tasks.generate_rows``; rendered with the
+            chat template too, ``data.prompt_template``'s default).
         rl_overrides: extra ``lmrl train`` ``key=value`` overrides for the GRPO stage.
         console: print the trainers' progress lines.
 

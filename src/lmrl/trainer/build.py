@@ -3,8 +3,9 @@
 The trainer runs the step over these parts and never builds anything itself, so the step can
 be tested with fake parts and a distributed backend can hand in worker groups instead of
 in-process workers. Order: the run directory and the resume decision (no model loaded yet),
-the tokenizer and data, the models and workers, the rollout engine, the reward manager (which
-checks every data source and ground truth against its scorers), the trackers last.
+the tokenizer and data (checked against a warm start's prompt layout), the models and
+workers, the rollout engine, the reward manager (which checks every data source and ground
+truth against its scorers), the trackers last.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from lmrl.algos import make_kl_controller
 from lmrl.config import Config, ConfigError, config_to_dict
 from lmrl.data import PromptSampler, RLDataset
+from lmrl.data.layout import check_warm_start
 from lmrl.logging import make_trackers
 from lmrl.models import (
     load_tokenizer,
@@ -137,6 +139,9 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
     tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
     train_data = _dataset(cfg, cfg.data.train_files, tokenizer) if train else None
     val_data = _dataset(cfg, cfg.data.val_files, tokenizer) if cfg.data.val_files else None
+    if train_data is not None:  # a warm start from lmrl sft saw its prompts laid out as these
+        layout = train_data.layout.merged(val_data.layout if val_data is not None else None)
+        check_warm_start(cfg.model.path, layout)
     sampler, total_steps = None, 0
     if train_data is not None:
         sampler = PromptSampler(
@@ -226,6 +231,7 @@ def _dataset(cfg: Config, files, tokenizer) -> RLDataset:
         files, tokenizer, prompt_key=d.prompt_key, reward_fn_key=d.reward_fn_key,
         max_prompt_length=d.max_prompt_length, filter_overlong_prompts=d.filter_overlong_prompts,
         truncation=d.truncation, chat_template_kwargs=template_kwargs,
+        prompt_template=d.prompt_template,
     )  # fmt: skip
 
 

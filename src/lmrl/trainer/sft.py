@@ -17,7 +17,9 @@ Choices:
 - Checkpoints ``global_step_N`` hold the weights, optimizer, schedule, data order and RNGs
   (``lmrl.run.checkpoint``); the finished model is exported to ``final/`` as a plain
   Hugging Face directory (LoRA merged), written to a temporary directory and renamed, so a
-  killed run never leaves a half-written ``final/``.
+  killed run never leaves a half-written ``final/``. It holds ``lmrl_prompt_layout.json``, how
+  the training prompts were rendered (``lmrl.data.layout``), which ``lmrl train`` checks its
+  own rendering against before its first step.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 
 from lmrl.config.sft import SFTConfig
+from lmrl.data.layout import write_layout
 from lmrl.data.sampler import PromptSampler
 from lmrl.data.sft import SFTDataset
 from lmrl.errors import DataError
@@ -131,6 +134,7 @@ def _dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
         files, tokenizer, prompt_key=d.prompt_key, response_key=d.response_key,
         messages_key=d.messages_key, response_from_ground_truth=d.response_from_ground_truth,
         mask_pattern=d.mask_pattern, max_length=d.max_length, truncation=d.truncation,
+        prompt_template=d.prompt_template,
     )  # fmt: skip
 
 
@@ -222,13 +226,20 @@ class SFTTrainer(RunsOnLoop):
         self.global_step = int(state["global_step"])
 
     def export(self) -> Path:
-        """Write ``run_dir/final``: the model (LoRA merged) and tokenizer as a plain Hugging
-        Face directory that ``lmrl train model.path=...`` loads; written whole, then renamed."""
+        """Write ``run_dir/final``: the model (LoRA merged), tokenizer and prompt layout record
+        as a plain Hugging Face directory that ``lmrl train model.path=...`` loads; written
+        whole, then renamed."""
         m = self.cfg.model
-        weights, extra = self.worker.model_state(), None
+        weights, adapter = self.worker.model_state(), None
         if m.lora_rank > 0:
-            extra = adapter_export(weights, m)  # final/adapter: the adapter in PEFT's format
+            adapter = adapter_export(weights, m)  # final/adapter: the adapter in PEFT's format
             weights = merged_state(weights, m.lora_alpha / m.lora_rank)
+
+        def extra(out: Path) -> None:
+            write_layout(out, self.train_data.layout)
+            if adapter is not None:
+                adapter(out)
+
         return export_pretrained(self.final_dir, weights, m.path, self.tokenizer,
                                  m.trust_remote_code, extra=extra)  # fmt: skip
 
