@@ -60,3 +60,35 @@ def test_a_multi_turn_step_line_shows_its_tool_failures():
     tracker.log(CLEAN | AGENT, step=1)
     tracker.close()
     assert buf.getvalue().startswith("step 1/1  score 0.5  tool errors 3/16, timeouts 2  acc")
+
+
+TWO_SOURCES = {
+    "critic/score/mean": 0.265,
+    "train/digits/score/mean": 0.41,
+    "train/digits/acc": 0.25,
+    "train/sort/score/mean": 0.12,
+    "reward/acc/mean": 0.2,
+}
+
+
+def test_each_source_score_follows_the_batch_score():
+    assert summarize(TWO_SOURCES) == "score 0.265 (digits 0.41 sort 0.12)  acc 0.2"
+    failing = TWO_SOURCES | CLEAN | {"critic/score/mean": 0.265, "reward/errors": 2.0}
+    assert summarize(failing) == (
+        "score 0.265 (digits 0.41 sort 0.12)  reward errors 2/16, timeouts 0  acc 0.25"
+    )
+    # a source whose name has a slash (verl's openai/gsm8k) keeps it
+    slash = {"critic/score/mean": 0.5, "train/openai/gsm8k/score/mean": 0.5,
+             "train/digits/score/mean": 0.5}  # fmt: skip
+    assert summarize(slash) == "score 0.5 (openai/gsm8k 0.5 digits 0.5)"
+
+
+def test_one_or_many_sources_add_nothing_to_the_line():
+    assert summarize(CLEAN) == "score 0.5  acc 0.25"  # one source: no train/<source>/ keys
+    many = {"critic/score/mean": 0.5} | {f"train/task{i}/score/mean": 0.5 for i in range(5)}
+    assert summarize(many) == "score 0.5"
+    buf = io.StringIO()
+    tracker = ConsoleTracker(total_steps=1, file=buf, force_terminal=False)
+    tracker.log(TWO_SOURCES, step=1)
+    tracker.close()
+    assert buf.getvalue().startswith("step 1/1  score 0.265 (digits 0.41 sort 0.12)  acc 0.2")

@@ -238,3 +238,31 @@ def test_one_on_policy_update_shows_gradient_norm_and_step_time_instead():
     lines = {ax.get_title(): [line.get_label() for line in ax.get_lines()]
              for ax in draw_run(series).axes}  # fmt: skip
     assert "rollout vs trainer (k3)" in lines["KL"]
+
+
+def test_a_run_of_two_sources_draws_a_line_per_source():
+    steps = np.array([1.0, 2.0, 3.0])
+    series = {
+        "critic/score/mean": (steps, np.array([0.2, 0.3, 0.4])),
+        "train/digits/score/mean": (steps, np.array([0.3, 0.4, 0.5])),
+        "train/digits/acc": (steps, np.array([0.0, 0.5, 0.5])),
+        "train/sort/score/mean": (steps, np.array([0.1, 0.2, 0.3])),
+        "train/sort/reward_errors": (steps, np.zeros(3)),
+        "val/sort/acc": (np.array([0.0, 3.0]), np.array([0.1, 0.2])),
+    }
+    fig = draw_run(series)
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert list(lines) == ["train score (mean)", "train digits score", "train digits acc",
+                           "train sort score", "val sort acc"]  # fmt: skip
+    assert lines["train sort score"].get_ydata().tolist() == [0.1, 0.2, 0.3]
+    assert lines["train digits acc"].get_linestyle() == ":"
+    # a source's lines and its validation points share a colour, another source has its own
+    assert lines["train sort score"].get_color() == lines["val sort acc"].get_color()
+    assert lines["train digits score"].get_color() == lines["train digits acc"].get_color()
+    assert lines["train digits score"].get_color() != lines["train sort score"].get_color()
+    assert_text_fits(fig)
+    # one source: the reward panel as before, no line per source
+    one = {k: v for k, v in series.items() if not k.startswith("train/")}
+    assert [line.get_label() for line in draw_run(one).axes[0].get_lines()] == [
+        "train score (mean)", "val sort acc"
+    ]  # fmt: skip

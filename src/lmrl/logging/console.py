@@ -6,7 +6,9 @@ there is no bar: each step is one plain line that carries the ETA itself, so log
 greppable. The ETA is the run's own wall clock per step since the tracker started (so it
 counts validation and checkpoint time), not rich's short-window speed estimate.
 
-A line shows only what is present, in this order: score (``critic/score/mean``), the reward
+A line shows only what is present, in this order: score (``critic/score/mean``; with 2-4 data
+sources in the batch each source's after it, ``score 0.27 (digits 0.41 sort 0.12)`` from
+``train/<source>/score/mean``), the reward
 failures when there are any (``reward errors 16/16, timeouts 0``: ``reward/errors`` out of
 ``reward/scored``, ``reward/timeouts``), a multi-turn run's tool failures (``tool errors 3/16,
 timeouts 0``: ``agent/tool_errors/sum`` out of ``agent/tool_calls/sum``,
@@ -44,6 +46,8 @@ SUMMARY_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("lr", ("sft/lr",)),
 )
 _VAL_KEY = re.compile(r"^val/(?P<source>.+?)/(?P<name>acc|mean@\d+|pass@\d+|reward/mean)$")
+_TRAIN_SCORE = re.compile(r"^train/(?P<source>.+)/score/mean$")
+MAX_SOURCES_SHOWN = 4  # more sources than this: the line keeps the batch's score only
 
 
 def _fmt(value: float) -> str:
@@ -69,6 +73,15 @@ def reward_failures(metrics: Mapping[str, float]) -> str:
     return f"reward errors {errors:g}{out_of}, timeouts {timeouts:g}"
 
 
+def source_scores(metrics: Mapping[str, float]) -> str:
+    """``(digits 0.41 sort 0.12)``: each data source's score (``train/<source>/score/mean``)
+    when the step's batch held 2-4 sources, else ``""``."""
+    scores = [(m["source"], v) for k, v in metrics.items() if (m := _TRAIN_SCORE.match(k))]
+    if not 2 <= len(scores) <= MAX_SOURCES_SHOWN:
+        return ""
+    return "(" + " ".join(f"{source} {_fmt(value)}" for source, value in scores) + ")"
+
+
 def tool_failures(metrics: Mapping[str, float]) -> str:
     """``tool errors 3/16, timeouts 0`` for a multi-turn step (one with
     ``agent/tool_calls/sum``), else ``""``."""
@@ -87,13 +100,16 @@ def summarize(metrics: Mapping[str, float]) -> str:
 
     Returns:
         For example ``score 0.406  acc 0.5  len 7.25  entropy 2.31  1.31s/step  val/digits
-        acc 0.2 pass@4 0.4``, or ``score 0  reward errors 16/16, timeouts 0  len 7.25 ...``.
+        acc 0.2 pass@4 0.4``, ``score 0  reward errors 16/16, timeouts 0  len 7.25 ...``, or
+        for a batch of two data sources ``score 0.265 (digits 0.41 sort 0.12)  acc ...``.
     """
     parts = []
     for label, keys in SUMMARY_KEYS:
         key = next((k for k in keys if k in metrics), None)
         if key is not None:
             parts.append(f"{label} {_fmt(metrics[key])}")
+            if label == "score" and (per_source := source_scores(metrics)):
+                parts[-1] += f" {per_source}"
     failures = [f for f in (reward_failures(metrics), tool_failures(metrics)) if f]
     at = 1 if "critic/score/mean" in metrics else 0
     parts[at:at] = failures
@@ -187,4 +203,11 @@ class ConsoleTracker(Tracker):
             self.progress = None
 
 
-__all__ = ["SUMMARY_KEYS", "ConsoleTracker", "format_duration", "reward_failures", "summarize"]
+__all__ = [
+    "SUMMARY_KEYS",
+    "ConsoleTracker",
+    "format_duration",
+    "reward_failures",
+    "source_scores",
+    "summarize",
+]

@@ -1,6 +1,9 @@
 """``lmrl plot RUN_DIR``: one PNG of a run's training curves, drawn from ``metrics.jsonl``.
 
-Six panels over steps: reward (train score and acc, validation reward as points),
+Six panels over steps: reward (train score and acc, validation reward as points; a run
+whose batches mixed 2+ data sources also has one score line, solid, and one acc line, dotted,
+per source, from ``train/<source>/score/mean`` and ``train/<source>/acc``, in the colour of
+that source's validation points),
 validation (acc, mean@k, pass@k per data source), response length (mean with its min-max
 band, clip ratio on a second axis), KL (ppo_kl, kl_loss, reward_kl_penalty), entropy (with
 the fraction of prompt groups that scored all alike on a second axis: a collapse shows as
@@ -44,6 +47,7 @@ Series = dict[str, tuple[np.ndarray, np.ndarray]]  # key -> (steps, values), sor
 FIGSIZE = (12.0, 8.0)  # inches
 DPI = 110  # -> 1320 x 880 pixels
 _VAL = re.compile(r"^val/(?P<source>.+?)/(?P<name>acc|mean@\d+|pass@\d+|reward/mean)$")
+_TRAIN = re.compile(r"^train/(?P<source>.+)/(?P<name>score/mean|acc)$")
 
 
 def load_metrics(path: str | Path) -> Series:
@@ -199,6 +203,17 @@ def _val_keys(series: Series) -> dict[str, dict[str, str]]:
     return out
 
 
+def _train_keys(series: Series) -> dict[str, dict[str, str]]:
+    """source -> {``score/mean``, ``acc`` -> key} of the per-source train metrics, sources
+    sorted; empty for a run of one data source."""
+    out: dict[str, dict[str, str]] = {}
+    for key in sorted(series):
+        match = _TRAIN.match(key)
+        if match:
+            out.setdefault(match["source"], {})[match["name"]] = key
+    return out
+
+
 def _nonzero(series: Series, key: str) -> bool:
     """``key`` was logged and is not 0 at every step (a flat 0 is a panel with nothing to show)."""
     return key in series and bool(np.any(np.nan_to_num(series[key][1]) != 0))
@@ -244,10 +259,18 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
     ):
         p.line("critic/rewards/mean", "train reward (after KL penalty)", color="C1")
     p.line("reward/acc/mean", "train acc", color="C2")
-    for i, (source, names) in enumerate(val.items()):
+    train = _train_keys(series)
+    colour = {source: f"C{3 + i}" for i, source in enumerate(sorted({*train, *val}))}
+    for source, names in train.items():
+        if "score/mean" in names:
+            p.line(names["score/mean"], f"train {source} score", color=colour[source])
+        if "acc" in names:
+            p.line(names["acc"], f"train {source} acc", color=colour[source], linestyle=":")
+    for source, names in val.items():
         name = "reward/mean" if "reward/mean" in names else "acc" if "acc" in names else None
         if name is not None:
-            p.points(names[name], f"val {source} {name.replace('/mean', '')}", color=f"C{3 + i}")
+            p.points(names[name], f"val {source} {name.replace('/mean', '')}",
+                     color=colour[source])  # fmt: skip
     _mark_rollbacks(p.ax, series)
     p.finish()
 

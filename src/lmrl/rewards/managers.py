@@ -336,6 +336,7 @@ class RewardManager:
     ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, float]]:
         scores = np.zeros(n, dtype=np.float64)
         counts = {"error": 0, "timeout": 0, "none": 0}
+        errors_of = dict.fromkeys((str(s) for s in data_sources), 0)  # per data source
         raw: dict[str, list[Any]] = {}
         several = len(self.reward_fns) > 1
         for rf, row in zip(self.reward_fns, table, strict=True):
@@ -346,6 +347,7 @@ class RewardManager:
                     scores[i] += rf.weight * o.score
                 else:
                     counts[o.status] += 1
+                    errors_of[str(data_sources[i])] += o.status == "error"
                     if o.status in ("error", "timeout") and o.status not in self._logged:
                         self._logged.add(o.status)
                         log.warning(
@@ -375,6 +377,8 @@ class RewardManager:
             "reward/no_score": float(counts["none"]),
             "reward/worker_restarts": float(restarts),
         }
+        # reward/errors by data source; the trainer keeps them for a batch of 2+ sources
+        metrics |= {f"train/{s}/reward_errors": float(k) for s, k in errors_of.items()}
         return scores, extras, metrics
 
     def _check_failures(

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
+import numpy as np
 import torch
 
 from lmrl.algos.kl import k3
-from lmrl.algos.masked import masked_mean, masked_var, zero_outside
+from lmrl.algos.masked import masked_count, masked_mean, masked_var, zero_outside
 from lmrl.batch import Batch, response_tokens_mask
 from lmrl.rollout.agent import AGENT_KEYS
 
@@ -114,6 +115,10 @@ METRICS: dict[str, str] = {
     "training/step": "the global step",
     "training/epoch": "the data epoch",
     "val/": "validation: val/<source>/mean@k, pass@k, acc, reward/mean",
+    "train/": "per data source, when the step's batch mixes 2+ of them (nothing with one): "
+    "train/<source>/score/mean, response_length/mean, response_length/clip_ratio, "
+    "score/zero_spread_frac (as the batch's critic/score/..., response_length/...), acc (as "
+    "reward/acc/mean) and reward_errors (its share of reward/errors)",
     "sft/loss": "lmrl sft: token-mean cross-entropy on the assistant tokens",
     "sft/lr": "lmrl sft: learning rate",
     "sft/grad_norm": "lmrl sft: gradient norm before clipping",
@@ -273,6 +278,83 @@ def zero_spread_fraction(scores: torch.Tensor, uid) -> float | None:
     return float((high == low)[several].float().mean())
 
 
+def _sources(column) -> tuple[list[str], np.ndarray]:
+    """The distinct data sources of a ``data_source`` column, sorted, and each row's index
+    into them (B,)."""
+    names, inverse = np.unique(np.asarray([str(s) for s in column]), return_inverse=True)
+    return [str(n) for n in names], inverse.reshape(-1)
+
+
+def source_reward_metrics(batch: Batch, numeric: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """``train/<source>/acc``: the mean of the reward's per-sample ``acc`` over each data
+    source's samples that have one (what ``reward/acc/mean`` is for the batch); empty unless
+    the batch's ``data_source`` holds 2+ sources and the reward reports an ``acc``.
+
+    Args:
+        batch: the scored batch; numeric: the reward's numeric extras, (B,) float arrays,
+            NaN where a sample has no value (`lmrl.rewards.result.split_extras`).
+    """
+    if "acc" not in numeric or "data_source" not in batch:
+        return {}
+    names, inverse = _sources(batch["data_source"])
+    if len(names) < 2:
+        return {}
+    acc = np.asarray(numeric["acc"], dtype=np.float64)
+    out = {}
+    for i, name in enumerate(names):
+        values = acc[(inverse == i) & np.isfinite(acc)]
+        if values.size:
+            out[f"train/{name}/acc"] = float(values.mean())
+    return out
+
+
+def source_metrics(
+    metrics: Mapping[str, float], batch: Batch, max_response_length: int
+) -> dict[str, float]:
+    """``metrics`` with the step's metrics per data source, when its batch holds 2+ sources:
+    ``train/<source>/score/mean``, ``response_length/mean``, ``response_length/clip_ratio``
+    and ``score/zero_spread_frac`` from ``batch`` (the names of the batch-wide ones), beside
+    the reward's ``train/<source>/acc`` and ``reward_errors`` already in ``metrics``. With
+    one source, ``metrics`` without any ``train/`` key: a single-source run logs nothing
+    extra.
+
+    The per-source means are masked means over the rows of each source, on the batch's
+    device, brought to the host in one transfer with the scores.
+
+    Args:
+        metrics: the step's metrics, as floats; batch: the step's finished batch, with
+            ``token_level_scores`` (B, T), ``responses`` and the ``data_source`` column.
+    """
+    out = {k: v for k, v in metrics.items() if not k.startswith("train/")}
+    if "data_source" not in batch or "token_level_scores" not in batch or len(batch) == 0:
+        return out
+    names, inverse = _sources(batch["data_source"])
+    if len(names) < 2:
+        return out
+    out |= {k: v for k, v in metrics.items() if k.startswith("train/")}
+    scores = batch["token_level_scores"].sum(-1).float()  # (B,)
+    lengths = masked_count(response_tokens_mask(batch), dim=-1)  # (B,) observations included
+    clipped = (lengths >= max_response_length).float()
+    per_sample = torch.stack([scores, lengths, clipped])  # (3, B)
+    rows = torch.as_tensor(inverse, device=scores.device)
+    K, B = len(names), len(batch)
+    of_source = rows[None, :] == torch.arange(K, device=scores.device)[:, None]  # (K, B)
+    means = masked_mean(per_sample[:, None, :].expand(3, K, B), of_source.expand(3, K, B), dim=-1)
+    host = torch.cat([means.flatten(), scores]).cpu()  # the one transfer: (3K + B,)
+    means_host, scores_host = host[: 3 * K].view(3, K).tolist(), host[3 * K :]
+    uid = np.asarray(batch["uid"]) if "uid" in batch else None
+    for i, name in enumerate(names):
+        out[f"train/{name}/score/mean"] = means_host[0][i]
+        out[f"train/{name}/response_length/mean"] = means_host[1][i]
+        out[f"train/{name}/response_length/clip_ratio"] = means_host[2][i]
+        if uid is not None:
+            mine = inverse == i
+            spread = zero_spread_fraction(scores_host[torch.as_tensor(mine)], uid[mine])
+            if spread is not None:
+                out[f"train/{name}/score/zero_spread_frac"] = spread
+    return out
+
+
 def throughput(batch: Batch, seconds: float) -> float:
     """Tokens (prompt + response) per second over the step."""
     tokens = float(batch["attention_mask"].sum()) if "attention_mask" in batch else 0.0
@@ -288,6 +370,8 @@ __all__ = [
     "data_metrics",
     "mean_metrics",
     "metrics_markdown",
+    "source_metrics",
+    "source_reward_metrics",
     "throughput",
     "to_floats",
 ]

@@ -19,6 +19,7 @@ from lmrl.batch import Batch
 from lmrl.rewards.result import RewardResult, merge_results, split_extras
 from lmrl.rollout.merge import concat_rollouts
 from lmrl.run.timing import StageTimer
+from lmrl.trainer.metrics import source_reward_metrics
 from lmrl.trainer.validation import validation_metrics
 
 if TYPE_CHECKING:
@@ -284,6 +285,7 @@ def record(batch: Batch, result: RewardResult, metrics: dict) -> dict[str, np.nd
     batch["reward_texts"] = rows
     for key, value in result.metrics.items():
         metrics[key] = metrics.get(key, 0.0) + float(value)
+    metrics |= source_reward_metrics(batch, numeric)  # train/<source>/acc, 2+ sources
     return numeric
 
 

@@ -46,7 +46,7 @@ from lmrl.run.resume import RunStart
 from lmrl.run.timing import StageTimer
 from lmrl.trainer.build import RunParts
 from lmrl.trainer.memory_probe import run_memory_probe, wants_probe
-from lmrl.trainer.metrics import data_metrics, engine_gap, throughput, to_floats
+from lmrl.trainer.metrics import data_metrics, engine_gap, source_metrics, throughput, to_floats
 from lmrl.trainer.parity import ParityProbe
 from lmrl.trainer.stages import rollout, scoring_thread, validate
 
@@ -194,7 +194,7 @@ class Trainer(RunsOnLoop):
         self.global_step += 1
         if self.ahead is not None:  # the new version, if a batch to come is generated with it
             self.ahead.push(self.global_step, self._snapshot)
-        out = to_floats(metrics)
+        out = source_metrics(to_floats(metrics), batch, plan.max_response_length)
         out |= data_metrics(batch, plan.max_response_length)
         out |= timer.metrics()
         out["perf/throughput"] = throughput(batch, timer.seconds["step"])
