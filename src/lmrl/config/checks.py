@@ -18,7 +18,9 @@ from typing import Any
 
 from lmrl.config import names as builtin
 from lmrl.config.async_training import check_async
+from lmrl.config.errors import ConfigError
 from lmrl.config.fields import get_path as _get
+from lmrl.config.mixture import parse_mixture
 from lmrl.config.rollout_checks import check_rollout
 from lmrl.config.run import RUN_CHECKS
 from lmrl.config.schema import Config
@@ -306,6 +308,17 @@ def _scoring_chunks(c: Config, f: Findings) -> None:
         )
 
 
+def check_mixture(c: Config, f: Findings) -> None:
+    """``data.mixture``'s rules (`lmrl.config.mixture.parse_mixture`), quotas against the
+    prompts a step draws; its sources are matched to the data when the data is read."""
+    dynamic = c.algorithm.filter_groups["enable"]
+    batch = (c.data.gen_batch_size if dynamic else None) or c.data.train_batch_size
+    try:
+        parse_mixture(c.data.mixture, batch)
+    except ConfigError as err:
+        f.errors.append(str(err))
+
+
 def check_batch_sizes(c: Config, f: Findings) -> None:
     """Batch sizes that must divide each other and the workers."""
     b, n = c.data.train_batch_size, c.rollout.n
@@ -528,6 +541,7 @@ def _divisor_at_most(total: int, limit: int) -> int:
 CHECKS: tuple[Callable[[Config, Findings], None], ...] = (
     check_registries,
     check_ranges,
+    check_mixture,
     check_batch_sizes,
     check_rollout,
     check_reward,

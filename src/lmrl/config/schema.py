@@ -62,6 +62,13 @@ class DataConfig:
     val_files: str | list[str] | None = opt(
         None, "Validation prompts: a file or a list of them; null = no validation."
     )
+    mixture: dict[str, Any] = opt(
+        {},
+        "Training sources mixed per step: source -> weight, -> a schedule [[step, weight], "
+        "...] (linear between points, constant past the ends), or -> {quota: N} (exactly N "
+        "prompts a step, every source then). A source is a train file (path, file name or "
+        "name without suffix) or a data_source value; {} = all train_files as one pool.",
+    )
     prompt_key: str = opt("prompt", "Column holding the prompt (chat messages or a string).")
     prompt_template: Literal["chat", "verbatim"] = opt(
         "chat",

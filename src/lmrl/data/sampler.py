@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lmrl.errors import DataError
+from lmrl.errors import CheckpointError, DataError
 
 
 class PromptSampler:
@@ -108,18 +108,24 @@ class PromptSampler:
         """Continue from ``state`` (the batch size may differ: the offset counts prompts).
 
         Raises:
-            ValueError: a state from another dataset size, seed or shuffle setting, or an
-                offset past the end of an epoch.
+            CheckpointError: a state from another dataset size, seed or shuffle setting, an
+                offset past the end of an epoch, or a state of mixed sources
+                (`lmrl.data.mixture.MixtureSampler`).
         """
+        if "mixture" in state:
+            raise CheckpointError(
+                "the checkpoint's sampler mixes sources (data.mixture); resume with the "
+                "data.mixture it was saved with"
+            )
         for key in ("num_items", "seed", "shuffle"):
             if key in state and state[key] != getattr(self, key):
-                raise ValueError(
+                raise CheckpointError(
                     f"sampler state has {key}={state[key]!r}, this sampler has "
                     f"{getattr(self, key)!r}; resume with the same data and seed"
                 )
         epoch, offset = int(state["epoch"]), int(state["offset"])
         if epoch < 0 or not 0 <= offset <= self.num_items:
-            raise ValueError(
+            raise CheckpointError(
                 f"sampler state has an invalid position epoch={epoch}, offset={offset}"
             )
         self.epoch, self.offset, self._order = epoch, offset, None

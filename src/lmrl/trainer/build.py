@@ -10,6 +10,7 @@ truth against its scorers), the trackers last.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +20,10 @@ import torch
 
 from lmrl.algos import make_kl_controller
 from lmrl.config import Config, ConfigError, config_to_dict
+from lmrl.config.mixture import parse_mixture, step_counts
 from lmrl.data import PromptSampler, RLDataset
 from lmrl.data.layout import check_warm_start
+from lmrl.data.mixture import MixtureSampler, source_rows
 from lmrl.logging import make_trackers
 from lmrl.models import (
     load_tokenizer,
@@ -144,9 +147,7 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
         check_warm_start(cfg.model.path, layout)
     sampler, total_steps = None, 0
     if train_data is not None:
-        sampler = PromptSampler(
-            len(train_data), plan.gen_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle
-        )
+        sampler = _sampler(cfg, train_data, plan.gen_batch_size)
         per_epoch = len(train_data) // plan.train_batch_size
         total_steps = plan.total_training_steps or per_epoch * plan.total_epochs
 
@@ -198,6 +199,20 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
         engine=engine, reward=reward, kl_ctrl=kl_ctrl, trackers=trackers,
         total_steps=total_steps, backend=backend,
     )  # fmt: skip
+
+
+def _sampler(cfg: Config, data: RLDataset, batch_size: int) -> PromptSampler:
+    """The prompt order: one shuffled pool, or the sources of ``data.mixture`` mixed per step."""
+    d = cfg.data
+    seed = cfg.trainer.seed if d.seed is None else d.seed  # resolving fills it
+    rules = parse_mixture(d.mixture, batch_size)
+    if not rules:
+        return PromptSampler(len(data), batch_size, seed=seed, shuffle=d.shuffle)
+    files = [d.train_files] if isinstance(d.train_files, str) else list(d.train_files or [])
+    names = [r.source for r in rules]
+    return MixtureSampler(names, source_rows(data.rows, files, names),
+                          functools.partial(step_counts, rules, batch_size=batch_size),
+                          batch_size, seed=seed, shuffle=d.shuffle)  # fmt: skip
 
 
 def evaluate(cfg: Config, checkpoint: Path) -> dict[str, float]:
