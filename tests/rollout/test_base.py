@@ -75,6 +75,13 @@ def test_engine_table(model, tokenizer):
         build_engine("sglang", model, tokenizer)
 
 
+def test_a_copy_engine_of_a_model_without_parameters_needs_a_dtype():
+    """An engine that must not follow the actor copies its weights in the actor's dtype: a
+    model with no parameter has none to copy, which is said in one line."""
+    with pytest.raises(ValueError, match="needs a dtype: the model has no parameters"):
+        build_engine("hf", torch.nn.Module(), follow=False)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a CPU-only machine")
 def test_vllm_without_vllm_says_how_to_get_it(model, tokenizer, monkeypatch):
     import importlib.util

@@ -41,7 +41,7 @@ class RewardResult:
 
 
 def split_extras(
-    extras: Mapping[str, Sequence[Any]],
+    extras: Mapping[str, Sequence[Any] | np.ndarray],
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """A reward's extras (`RewardResult.extras`) as ``(numeric, text)``, each column of
     length ``B``.

@@ -173,7 +173,12 @@ class JsonFormat:
         return f"\n<tool_response>\n{text.strip()}\n</tool_response>\n"
 
 
-FORMATS = {"search_r1": TagFormat, "tags": TagFormat, "json": JsonFormat, "chat": ChatFormat}
+FORMATS: dict[str, type[TagFormat | JsonFormat | ChatFormat]] = {
+    "search_r1": TagFormat,
+    "tags": TagFormat,
+    "json": JsonFormat,
+    "chat": ChatFormat,
+}
 
 
 # ---------------------------------------------------------------------------- sessions

@@ -388,7 +388,9 @@ class ChatFormat:
         if syntax is not None and syntax not in SYNTAXES:
             raise ValueError(f"unknown tool-call syntax {syntax!r}; known: {sorted(SYNTAXES)}")
         self.syntax, self.template_kwargs = syntax, dict(template_kwargs or {})
-        self.tokenizer, self.tool_schemas, self.end_ids = None, None, frozenset()
+        self.tokenizer: Any = None  # a Hugging Face tokenizer, once bound (`bind`)
+        self.tool_schemas: list[dict[str, Any]] | None = None
+        self.end_ids: frozenset[int] = frozenset()
         self._noted: set[str] = set()
         if tokenizer is not None:
             self.bind(tokenizer, tools or {}, eos_ids, check=False)
@@ -419,6 +421,7 @@ class ChatFormat:
 
     def parse(self, text: str) -> tuple[str, list[dict] | None]:
         """(content, tool calls) of an assistant turn's text (`SYNTAXES`)."""
+        assert self.syntax is not None  # given, or read off the template by `bind`
         return SYNTAXES[self.syntax](text)
 
     def stops(self, tools: Mapping[str, Tool]) -> list[str]:
@@ -472,7 +475,8 @@ class ChatFormat:
         """
         raw = prompts.get("raw_prompt")
         mask = prompts["attention_mask"].bool()
-        out, seen = [], {}
+        out: list[Conversation] = []
+        seen: dict[int, list[int]] = {}  # a prompt's rendering, shared by its rows
         for r in rows.tolist():
             p = r // n
             messages = None if raw is None else raw[p]

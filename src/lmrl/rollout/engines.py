@@ -38,7 +38,13 @@ def _hf_engine(
     same = dtype is None or first is None or resolve_dtype(dtype, first.device) == first.dtype
     if same and follow:
         return HFEngine(model, tokenizer, **options)
-    dtype = dtype or str(first.dtype).removeprefix("torch.")
+    if not dtype:  # a copy in the actor's own dtype (not following its weights)
+        if first is None:
+            raise ValueError(
+                "a rollout engine that copies the weights needs a dtype: the model has no "
+                "parameters"
+            )
+        dtype = str(first.dtype).removeprefix("torch.")
     return CopyEngine(model, tokenizer, dtype=dtype, follow=follow, **options)
 
 

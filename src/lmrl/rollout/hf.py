@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
@@ -57,6 +58,9 @@ from lmrl.rollout.static import (
     session_kv,
     static_sample,
 )
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 __all__ = ["HFEngine", "default_eos_ids"]
 
@@ -329,7 +333,8 @@ class HFEngine(RolloutEngine):
         eos = eos.to(device)
         stop_width = max((len(s) for s in sampling.stop), default=0) + 1
 
-        cache = DynamicCache(config=self.model.config)
+        # a causal LM (or PEFT over one, which forwards ``config``): its Hugging Face config
+        cache = DynamicCache(config=cast("PretrainedConfig", self.model.config))
         logits = self._prefill(
             input_ids, full_mask[:, :prompt_len], position_ids, cache, first, inverse
         )
@@ -430,7 +435,10 @@ class HFSession:
         position_ids = position_ids.to(device).long()
         self.device = device
         self.draws = Draws(seed, keys.to(device))
-        self.cache = DynamicCache(config=model.config)
+        # a causal LM (or PEFT over one, which forwards ``config``): its Hugging Face config
+        self.cache: DynamicCache | None = DynamicCache(
+            config=cast("PretrainedConfig", model.config)
+        )
         self.attn = mask.long()
         self.next_pos = position_ids[:, -1] + 1
         self.pending = torch.full((self.rows,), engine.pad_id, dtype=torch.long, device=device)

@@ -32,7 +32,7 @@ def concat_rollouts(batches: list[Batch], pad_id: int) -> Batch:
         response_attention = _pad(b["attention_mask"][:, p:], width_t, False)
         out["prompts"] = _pad(b["prompts"], width_p, pad_id, left=True)
         for key in b.tensor_keys():
-            x = b[key]
+            x: torch.Tensor = b.tensors[key]
             if key not in rebuilt and x.dim() == 2 and x.shape[1] == t:
                 out[key] = _pad(x, width_t, pad_id if key == "responses" else 0)
         attention = torch.cat([prompt_mask, response_attention], dim=1)

@@ -51,12 +51,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
 from lmrl.models.packing import LLAMA_FAMILY
 from lmrl.rollout.base import SamplingParams
 from lmrl.rollout.sampling import pick, stop_hits
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE  # what torch.cuda.graph_pool_handle() returns
+    from transformers.cache_utils import DynamicLayer
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +224,7 @@ def fused_norms_on(model):
             del m.forward
 
 
-def _dynamic_layer():
+def _dynamic_layer() -> type[DynamicLayer]:
     from transformers.cache_utils import DynamicLayer
 
     return DynamicLayer
@@ -283,7 +288,7 @@ class StaticDecode:
 
         self.engine, self.sampling, self.draws = engine, sampling, draws
         self.graphs, self.check_every = graphs, max(1, check_every)
-        self._pool = None  # the graphs' memory pool, made at the first capture
+        self._pool: _POOL_HANDLE | None = None  # the graphs' memory pool, made at first capture
         rows, prompt_len = input_ids.shape
         device = input_ids.device
         max_new = sampling.max_new_tokens
@@ -303,7 +308,11 @@ class StaticDecode:
         length = -(-length // 8) * 8  # a multiple of 8: sdpa's fused kernels want aligned masks
         self.prompt_len, self.length, self.width = prompt_len, length, length
         self.col = torch.full((1,), prompt_len, dtype=torch.long, device=device)
+        self.layers = []  # the cache's static layers
         for i, layer in enumerate(cache.layers):
+            # a plain DynamicLayer (checked above) the prefill filled
+            assert isinstance(layer, layer_cls) and layer.keys is not None
+            assert layer.values is not None
             k, v = layer.keys, layer.values  # (U, H, P, D)
             if gather is not None:
                 k, v = k.index_select(0, gather), v.index_select(0, gather)
@@ -311,9 +320,10 @@ class StaticDecode:
             values = v.new_zeros(rows, v.shape[1], length, v.shape[3])
             keys[:, :, :prompt_len] = k
             values[:, :, :prompt_len] = v
-            cache.layers[i] = _static_layer_class()(keys, values, self.col)
+            self.layers.append(_static_layer_class()(keys, values, self.col))
+            cache.layers[i] = self.layers[-1]
         self.cache = cache
-        dtype = cache.layers[0].keys.dtype
+        dtype = self.layers[0].keys.dtype
         low = torch.finfo(dtype).min
         self.mask4d = torch.full((rows, 1, 1, length), low, dtype=dtype, device=device)
         self.mask4d[:, 0, 0, :prompt_len] = torch.where(mask.bool(), 0.0, low).to(dtype)
@@ -350,7 +360,7 @@ class StaticDecode:
         width = min(self.length, -(-(self.prompt_len + t) // BUCKET) * BUCKET)
         if width != self.width:
             self.width = width
-            for layer in self.cache.layers:
+            for layer in self.layers:
                 layer.width = width
 
     def _advance(self) -> None:
@@ -411,7 +421,7 @@ class StaticDecode:
         self._record()  # step 0 from the prefill's logits
         done, t = 1, 1
         ended = after(0)
-        graphs: dict[int, torch.cuda.CUDAGraph] = {}  # one per width
+        graphs: dict[int, torch.cuda.CUDAGraph | None] = {}  # one per width (None: failed)
         use_graphs = self.graphs and self.max_new >= 4
         with decode_attention_on(self.engine.model), fused_norms_on(self.engine.model):
             while not ended and t < self.max_new:

@@ -195,11 +195,14 @@ class VLLMEngine(RolloutEngine):
     # ----------------------------------------------------------------- weight sync
     def _weights(self) -> dict[str, torch.Tensor]:
         """The actor's full weights under the base model's names (LoRA merged)."""
-        from lmrl.models.lora import is_lora, merged_state
+        from peft import LoraConfig, PeftModel
+
+        from lmrl.models.lora import merged_state
 
         state = {k: v.detach() for k, v in self.model.state_dict().items()}
-        if is_lora(self.model):
+        if isinstance(self.model, PeftModel):  # `lmrl.models.lora.is_lora`
             config = next(iter(self.model.peft_config.values()))
+            assert isinstance(config, LoraConfig)  # `lmrl.models.lora.apply_lora` made it
             return merged_state(state, config.lora_alpha / config.r)
         return state
 
@@ -300,7 +303,7 @@ class VLLMEngine(RolloutEngine):
         )  # fmt: skip
 
     def _cut(
-        self, ids: list[int], logprobs, stop: list[str], ignore_eos: bool = False
+        self, ids: list[int], logprobs, stop: Sequence[str], ignore_eos: bool = False
     ) -> tuple[list[int], list[float]]:
         """The sample's tokens up to and including its first EOS (unless ``ignore_eos``) or
         stop-string-completing token (as the ``hf`` engine marks them), with their log-probs."""

@@ -48,7 +48,9 @@ _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 def rng_state() -> dict[str, Any]:
     """The global RNG states (python, numpy, torch CPU and CUDA) as tensors and plain data."""
-    np_state = np.random.get_state()
+    # numpy's stub types a bare get_state() as the dict form; legacy=True is its default
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)  # the legacy form: the global generator is an MT19937
     state = {
         "python": _to_plain(random.getstate()),
         "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
@@ -278,7 +280,7 @@ def checkpoint_command(path: Path) -> str | None:
 def scan_checkpoints(run_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest complete checkpoint of ``run_dir`` (None if none), and ``(path, problem)``
     of each newer one that is not complete (all of them when none is), newest first."""
-    skipped = []
+    skipped: list[tuple[Path, str]] = []
     for path in reversed(list_checkpoints(run_dir)):
         problem = check_checkpoint(path)
         if problem is None:

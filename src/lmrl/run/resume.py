@@ -193,8 +193,8 @@ def resume_point(mode: str, run_dir: Path, command: str) -> Path | None:
                 " nothing was changed: repair them, give another trainer.default_local_dir, or "
                 "set trainer.resume_mode=disable to start over (its checkpoints replace these)"
             )
-        for path, problem in skipped:
-            log.warning("skipping checkpoint %s: %s", path, problem)
+        for where, why in skipped:
+            log.warning("skipping checkpoint %s: %s", where, why)
         return found
     path = Path(mode)
     if not path.exists():

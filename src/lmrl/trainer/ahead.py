@@ -276,6 +276,8 @@ class RolloutAhead:
                 with self._cond:
                     self._next = step + 1
                 if self._apart:
+                    if self._scorer is None:  # _start makes it before the thread when apart
+                        raise RuntimeError("rollout ahead: scoring apart without its scorer thread")
                     self._scorer.submit(self._score, item, timer)
                 else:
                     self._finish(item, timer)

@@ -31,7 +31,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -43,6 +43,7 @@ from lmrl.errors import DataError, ModelError, RewardError
 from lmrl.flow.ema import WeightEMA
 from lmrl.flow.geneval import check_geneval_rows, geneval_coverage, geneval_scores
 from lmrl.flow.grpo import FlowGRPO, FlowGRPOConfig, flow_advantages
+from lmrl.flow.image_model import ImageFlow
 from lmrl.flow.pipelines import AttributePipeline, load_lora_weights, load_pipeline
 from lmrl.flow.rewards import load_image_reward
 from lmrl.flow.rollout import FlowSampler
@@ -267,6 +268,9 @@ def build_flow(cfg: FlowConfig, evaluate: Path | None = None) -> FlowParts:
             reward.
     """
     t, s, a = cfg.trainer, cfg.sampler, cfg.actor
+    # load_flow_config requires data.train_files and fills data.seed and the run directory
+    assert cfg.data.train_files is not None and cfg.data.seed is not None
+    assert t.default_local_dir is not None
     start = (
         open_run(cfg, FLOW_COMMAND)
         if evaluate is None
@@ -284,11 +288,15 @@ def build_flow(cfg: FlowConfig, evaluate: Path | None = None) -> FlowParts:
     # the weights stay float32 (the masters); compute in model.mixed_precision.param_dtype
     precision = Precision.resolve("float32", cfg.model.mixed_precision, device)
     m = cfg.model
+    assert m.path is not None  # load_flow_config requires it
     pipeline = load_pipeline(
         m.path, device, frozen_dtype=precision.compute, resolution=m.resolution,
         negative_prompt=m.negative_prompt, max_sequence_length=m.max_sequence_length,
     )  # fmt: skip
-    cond_dim = pipeline.model.config["cond_dim"] if isinstance(pipeline, AttributePipeline) else 0
+    cond_dim: object = 0  # an ImageFlow's config value
+    if isinstance(pipeline, AttributePipeline):
+        assert isinstance(pipeline.model, ImageFlow)  # load_pipeline loads one into it
+        cond_dim = pipeline.model.config["cond_dim"]
     if cond_dim and cond_dim != NUM_ATTRIBUTES:
         raise ModelError(
             f"model.path={m.path} is conditioned on {cond_dim} values, the prompts' attribute "
@@ -299,7 +307,9 @@ def build_flow(cfg: FlowConfig, evaluate: Path | None = None) -> FlowParts:
         (cfg.data.val_files, val_prompts),
     ):
         pipeline.check_prompts(prompts, files)
-    image_shape, model = pipeline.image_shape, pipeline.model
+    # ints of the model's config (an ImageFlow's, or an SD3 transformer's and the resolution)
+    image_shape = cast(tuple[int, int, int], pipeline.image_shape)
+    model = pipeline.model
     shift = s.shift if s.shift is not None else getattr(pipeline, "scheduler_shift", 1.0)
     reference: Any = None
     if m.lora_rank > 0:
@@ -316,7 +326,7 @@ def build_flow(cfg: FlowConfig, evaluate: Path | None = None) -> FlowParts:
     sampler = FlowSampler(
         num_steps=s.num_steps, noise_level=s.noise_level, shift=shift,
         sde_start=s.sde_start, sde_steps=s.sde_steps, timestep_fraction=s.timestep_fraction,
-        window_range=None if s.sde_window_range is None else tuple(s.sde_window_range),
+        window_range=_window(s.sde_window_range),
         guidance_scale=s.guidance_scale, reduce=s.logprob_reduce,
     )  # fmt: skip
     val_sampler = FlowSampler(
@@ -324,8 +334,9 @@ def build_flow(cfg: FlowConfig, evaluate: Path | None = None) -> FlowParts:
         guidance_scale=s.guidance_scale,
     )  # fmt: skip
     params = [p for p in model.parameters() if p.requires_grad]
+    beta1, beta2 = a.optim.betas
     optimizer = torch.optim.AdamW(
-        params, lr=a.optim.lr, weight_decay=a.optim.weight_decay, betas=tuple(a.optim.betas)
+        params, lr=a.optim.lr, weight_decay=a.optim.weight_decay, betas=(beta1, beta2)
     )
     settings = FlowGRPOConfig(
         clip_range=a.clip_range, clip_range_low=a.clip_range_low,
@@ -352,6 +363,14 @@ def build_flow(cfg: FlowConfig, evaluate: Path | None = None) -> FlowParts:
         val_sampler=val_sampler, optimizer=optimizer, update=update, ema=ema, reward=reward,
         prompt_order=prompt_order, trackers=trackers, fidelity=fidelity,
     )  # fmt: skip
+
+
+def _window(window: list[int] | None) -> tuple[int, int] | None:
+    """``sampler.sde_window_range`` as ``(lo, hi)`` (two steps: validate_flow_config)."""
+    if window is None:
+        return None
+    lo, hi = window
+    return lo, hi
 
 
 def _fidelity(cfg: FlowConfig, rows: list[dict[str, Any]]) -> Any:
@@ -448,14 +467,17 @@ class FlowTrainer(RunsOnLoop):
         )
         metrics = self.grpo.update(batch, adv.to(self.device), old, uncond=uncond, generator=gen)
         done = time.perf_counter()
+        zero_spread = zero_spread_fraction(scores, groups)
+        assert zero_spread is not None  # sampler.n >= 2 (validate_flow_config): groups of two
+
         metrics.update(extra)
         metrics.update(
             {
                 "critic/score/mean": float(scores.mean()),
                 "critic/score/std": float(scores.std()),
-                "flow/zero_spread_groups": zero_spread_fraction(scores, groups),
+                "flow/zero_spread_groups": zero_spread,
                 "flow/sde_start": float(batch["step_mask"][0].long().argmax()),
-                ZERO_SPREAD_KEY: zero_spread_fraction(scores, groups),  # the health check's
+                ZERO_SPREAD_KEY: zero_spread,  # the health check's
                 "timing_s/sample": sampled - start,
                 "timing_s/reward": scored - sampled,
                 "timing_s/update": done - scored,

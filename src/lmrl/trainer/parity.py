@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from lmrl.algos.masked import masked_mean
 from lmrl.batch import Batch, response_tokens_mask
@@ -164,10 +165,12 @@ class _Run:
             return None
         if view.shares_weights:  # the engine's module is the actor's: nothing to sync
             return None
-        score = self._engine_scores
-        before = _mean_abs(score(), self.old, self.mask)
+        model = view.model
+        # an engine with its own copy of the weights syncs it (`lmrl.rollout.copy.CopyEngine`)
+        assert view.sync is not None
+        before = _mean_abs(self._engine_scores(view, model), self.old, self.mask)
         view.sync()
-        self.engine_scores = score()
+        self.engine_scores = self._engine_scores(view, model)
         after = _mean_abs(self.engine_scores, self.old, self.mask)
         self.figures |= {"parity/stale_gap_before_sync": before,
                          "parity/stale_gap_after_sync": after}  # fmt: skip
@@ -181,31 +184,36 @@ class _Run:
             "the optimizer must call lmrl.models.loading.bump_weights_version)",
         )
 
-    def _engine_scores(self) -> torch.Tensor:
-        view = self.view
+    def _engine_scores(self, view: EngineView, model: nn.Module) -> torch.Tensor:
+        """(B, T) the engine's ``model`` (``view.model``)'s log-probs of the batch."""
         with view.autocast():
-            return compute_log_probs(view.model, self.batch, self.micro, self.actor.temperature)[0]
+            return compute_log_probs(model, self.batch, self.micro, self.actor.temperature)[0]
 
     def dtype(self) -> Diagnosis | None:
         a, view = self.actor, self.view
         if a.precision.master.itemsize < 4:
             self.skipped.append(f"dtype (the actor's weights are {a.precision.master})")
             return None
-        engine_low = view is not None and view.compute is not None and view.compute.itemsize < 4
+        engine_compute = view.compute if view is not None else None
+        engine_low = engine_compute is not None and engine_compute.itemsize < 4
+        engine_shares = view is not None and view.shares_weights
         if not (a.precision.mixed or engine_low):
             return None  # everything computes in fp32: not the cause
         fp32 = self.actor_scores(self.micro, fp32=True) if a.precision.mixed else self.old
         shifts = {"the trainer": _mean_abs(self.old, fp32, self.mask)}
-        if engine_low and view.shares_weights:  # the actor's module under its autocast
+        if engine_low and engine_shares:  # the actor's module under its autocast
             shifts["the engine"] = shifts["the trainer"]
         elif engine_low:  # its model scored the tokens after the forced sync (probe 2)
+            # an engine below fp32 with weights of its own has a model (CopyEngine): probe 2
+            # scored with it, or named the cause and this probe does not run
+            assert self.engine_scores is not None
             shifts["the engine"] = _mean_abs(self.engine_scores, fp32, self.mask)
         side, shift = max(shifts.items(), key=lambda kv: kv[1])
         self.figures["parity/dtype_shift"] = shift
         if not self.explains(shift):
             return None
         engine = side == "the engine"
-        dtype = str(view.compute if engine else a.precision.compute).removeprefix("torch.")
+        dtype = str(engine_compute if engine else a.precision.compute).removeprefix("torch.")
         fix = "rollout.dtype=float32" if engine else "model.mixed_precision.param_dtype=float32"
         return Diagnosis(
             "dtype",

@@ -283,8 +283,8 @@ def record(batch: Batch, result: RewardResult, metrics: dict) -> dict[str, np.nd
     # on every batch, {} where none: DAPO's generation batches are concatenated key for key
     rows = [{k: v[i] for k, v in texts.items() if v[i] is not None} for i in range(len(batch))]
     batch["reward_texts"] = rows
-    for key, value in result.metrics.items():
-        metrics[key] = metrics.get(key, 0.0) + float(value)
+    for key, count in result.metrics.items():
+        metrics[key] = metrics.get(key, 0.0) + float(count)
     metrics |= source_reward_metrics(batch, numeric)  # train/<source>/acc, 2+ sources
     return numeric
 

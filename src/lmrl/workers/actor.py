@@ -29,6 +29,7 @@ from lmrl.algos import AggNorm, agg_loss, kl_penalty, policy_losses
 from lmrl.algos.losses import loss_hyperparameters
 from lmrl.algos.masked import masked_count
 from lmrl.batch import Batch
+from lmrl.batch.schema import TensorKey
 from lmrl.batch.schema import keys as schema_keys
 from lmrl.models import Reference, compute_log_probs, forward_log_probs
 from lmrl.models.forward import compute_device, forward_log_probs_and_kl
@@ -212,11 +213,11 @@ class ActorWorker(TrainableWorker):
         ``own_old_log_probs``: the old log-probs are this forward's own, detached.
         """
         dp = self.dp
-        mask_key = "loss_mask" if "loss_mask" in mini else "response_mask"
+        mask_key: TensorKey = "loss_mask" if "loss_mask" in mini else "response_mask"
         # the normalizers count the whole mini-batch (every rank holds it), so each rank's
         # loss is its share of the mini-batch loss and the shares' gradients add up
         norm = AggNorm.from_mask(mini[mask_key], loss_scale_factor=self.max_response_length)
-        stats: dict[str, torch.Tensor] = defaultdict(int)  # tensors on the model's device
+        stats: dict[str, torch.Tensor] = {}  # sums over the micro-batches, on the model's device
         micros = dp.micro_batches(dp.shard(mini), micro_size)
         for i, micro in enumerate(micros):
             with dp.sync_grads(self.model, last=i == len(micros) - 1):
@@ -224,14 +225,15 @@ class ActorWorker(TrainableWorker):
         dp.reduce_grads(self.params)
         return dp.reduce_stats(dict(stats))
 
-    def _micro_step(self, micro: Batch, mask_key: str, norm: AggNorm, own_old_log_probs: bool,
-                    stats: dict[str, torch.Tensor]) -> None:  # fmt: skip
+    def _micro_step(self, micro: Batch, mask_key: TensorKey, norm: AggNorm,
+                    own_old_log_probs: bool, stats: dict[str, torch.Tensor]) -> None:  # fmt: skip
         """Forward and backward of one micro-batch; its metrics added to ``stats``."""
         cfg = self.cfg
         mask = micro[mask_key]
         kld = None
         with self.autocast():  # the forward in the compute dtype; log-probs come back fp32
             if self.full_kl:
+                assert self.reference is not None  # __init__ refuses full_kl without one
                 log_prob, entropy, kld = forward_log_probs_and_kl(
                     self.model, self.reference, micro, self.temperature, with_entropy=True
                 )
@@ -239,6 +241,7 @@ class ActorWorker(TrainableWorker):
                 log_prob, entropy = forward_log_probs(
                     self.model, micro, self.temperature, with_entropy=True
                 )
+        assert entropy is not None  # asked for with_entropy=True
         if not self.full_kl and cfg.use_kl_loss:
             kld = kl_penalty(log_prob, micro["ref_log_probs"], cfg.kl_loss_type)
         old = log_prob.detach() if own_old_log_probs else micro["old_log_probs"]
@@ -259,19 +262,19 @@ class ActorWorker(TrainableWorker):
         if kld is not None:
             kl_loss = agg_loss(kld, mask, cfg.loss_agg_mode, norm)
             loss = loss + cfg.kl_loss_coef * kl_loss
-            stats["actor/kl_loss"] = stats["actor/kl_loss"] + kl_loss.detach()
+            stats["actor/kl_loss"] = stats.get("actor/kl_loss", 0) + kl_loss.detach()
         self.backward(loss)
         # the micro losses are shares of the mini-batch loss: they add up;
         # per-token fractions are weighted by the micro-batch's share of the tokens.
         share = masked_count(mask) / norm.token_count.clamp(min=1)
-        stats["actor/pg_loss"] = stats["actor/pg_loss"] + pg_loss.detach()
+        stats["actor/pg_loss"] = stats.get("actor/pg_loss", 0) + pg_loss.detach()
         # the entropy metric is per token whatever loss_agg_mode is (verl logs the loss term,
         # which under seq-mean-token-sum-norm scales with the batch: not comparable, and it
         # would read as a near-uniform policy to the run-health checks)
         token_mean = agg_loss(entropy.detach(), mask, "token-mean", norm)
-        stats["actor/entropy"] = stats["actor/entropy"] + token_mean
+        stats["actor/entropy"] = stats.get("actor/entropy", 0) + token_mean
         for name, value in pg_metrics.items():
-            stats[f"actor/{name}"] = stats[f"actor/{name}"] + share * value
+            stats[f"actor/{name}"] = stats.get(f"actor/{name}", 0) + share * value
 
 
 def _check_loss_mask(loss_mask: torch.Tensor, response_mask: torch.Tensor) -> None:

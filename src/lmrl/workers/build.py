@@ -86,6 +86,7 @@ def build_workers(
     # device cannot); every trained model, the reference and hf generation share it
     precision = Precision.from_config(cfg.model, device)
     if "actor" in roles or "rollout" in roles:
+        assert cfg.model.path is not None  # load_config requires it
         policy = load_causal_lm(
             cfg.model.path, dtype=precision.master, device=device,
             trust_remote_code=cfg.model.trust_remote_code,
@@ -98,6 +99,7 @@ def build_workers(
         if "actor" not in roles:  # a rollout rank: generates only, weights handed over
             policy.requires_grad_(False).eval()
     if train and "actor" in roles:
+        assert policy is not None  # loaded above for the actor's role
         # built before any update: a frozen copy of the initial policy, or LoRA disabled
         if plan.reference != "none":
             frozen = build_reference(policy)  # LoRA: the adapter off, else a frozen copy
@@ -121,6 +123,7 @@ def build_workers(
         if not plan.ref_stage:
             reference = None  # the full KL runs the reference inside the update: no ref stage
     if train and "critic" in roles and plan.critic:
+        assert cfg.critic.model.path is not None  # load_config defaults it to model.path
         critic_model = load_critic(
             cfg.critic.model.path, dtype=precision.master, device=device,
             trust_remote_code=cfg.model.trust_remote_code,

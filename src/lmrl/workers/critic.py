@@ -73,7 +73,8 @@ class CriticWorker(TrainableWorker):
             norm = AggNorm.from_mask(
                 mini["response_mask"], loss_scale_factor=self.max_response_length
             )
-            stats = {"loss": 0, "clipfrac": 0}  # this rank's shares of the mini-batch's
+            # this rank's shares of the mini-batch's (each rank holds a row, so a micro-batch)
+            stats: dict[str, torch.Tensor] = {}
             micros = self.dp.micro_batches(self.dp.shard(mini), shape.micro())
             for i, micro in enumerate(micros):
                 mask = micro["response_mask"]
@@ -88,8 +89,8 @@ class CriticWorker(TrainableWorker):
                     )  # fmt: skip
                     self.backward(loss)
                 share = masked_count(mask) / norm.token_count
-                stats["loss"] = stats["loss"] + loss.detach()
-                stats["clipfrac"] = stats["clipfrac"] + share * m["vf_clipfrac"]
+                stats["loss"] = stats.get("loss", 0) + loss.detach()
+                stats["clipfrac"] = stats.get("clipfrac", 0) + share * m["vf_clipfrac"]
             self.dp.reduce_grads(self.params)
             stats = self.dp.reduce_stats(stats)
             grad_norm, _ = self.step(cfg.grad_clip)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -274,22 +274,22 @@ class DDP(DataParallel):
         return batch.index(partition_rows(batch, self.world_size)[self.rank])
 
     def reduce_grads(self, params: list[nn.Parameter]) -> None:
-        by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}  # the parameters' gradients
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            by_dtype.setdefault(p.grad.dtype, []).append(p)
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
         for dtype, group in by_dtype.items():
             # in reduce_dtype (fp32: the masters' gradients already are; pure bf16 upcasts)
-            flat = torch.cat([p.grad.reshape(-1) for p in group]).to(self.reduce_dtype or dtype)
+            flat = torch.cat([grad.reshape(-1) for grad in group]).to(self.reduce_dtype or dtype)
             with self._timed_comm():
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            for p, g in zip(group, _unflatten(flat, group), strict=True):
-                p.grad.copy_(g)
+            for grad, g in zip(group, _unflatten(flat, group), strict=True):
+                grad.copy_(g)
 
     def reduce_stats(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         keys = sorted(stats)
-        every: list[list[str] | None] = [None] * self.world_size
+        every: list[list[str]] = [[] for _ in range(self.world_size)]  # one per rank, filled
         with self._timed_comm():
             dist.all_gather_object(every, keys)
         if any(k != keys for k in every):  # a key only some ranks produced counts 0 elsewhere
@@ -303,7 +303,7 @@ class DDP(DataParallel):
         return {k: v.to(device or "cpu") for k, v in zip(keys, values, strict=True)}
 
 
-def _unflatten(flat: torch.Tensor, params: list[nn.Parameter]) -> Iterator[torch.Tensor]:
+def _unflatten(flat: torch.Tensor, params: Sequence[torch.Tensor]) -> Iterator[torch.Tensor]:
     start = 0
     for p in params:
         yield flat[start : start + p.numel()].view_as(p)

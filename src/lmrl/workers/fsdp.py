@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -48,6 +49,10 @@ from lmrl.batch import Batch
 from lmrl.models.grad import wire_device
 from lmrl.models.loading import refuse_other_shapes
 from lmrl.workers.dist import DDP
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import OptimizerStateType, ValueType
+    from torch.distributed.fsdp import FSDPModule
 
 __all__ = ["FSDP2"]
 
@@ -115,7 +120,7 @@ class FSDP2(DDP):
             fully_shard(layer, mesh=mesh, offload_policy=policy, mp_policy=mp)
         fully_shard(model, mesh=mesh, offload_policy=policy, mp_policy=mp)
 
-    def _units(self, model: nn.Module) -> list[nn.Module]:
+    def _units(self, model: nn.Module) -> list[FSDPModule]:
         from torch.distributed.fsdp import FSDPModule
 
         return [m for m in model.modules() if isinstance(m, FSDPModule)]
@@ -129,7 +134,8 @@ class FSDP2(DDP):
         return [p if len(p) else _masked_copy(batch) for p in pieces]
 
     def sync_grads(self, model: nn.Module, last: bool) -> contextlib.AbstractContextManager:
-        model.set_requires_gradient_sync(last)
+        # a model this data parallelism prepared: fully_shard made it an FSDPModule
+        cast("FSDPModule", model).set_requires_gradient_sync(last)
         return contextlib.nullcontext()
 
     def reduce_grads(self, params: list[nn.Parameter]) -> None:
@@ -159,7 +165,8 @@ class FSDP2(DDP):
         options = StateDictOptions(
             full_state_dict=True, cpu_offload=True, broadcast_from_rank0=False
         )
-        state = get_model_state_dict(model, options=options)
+        # a model's full state dict holds tensors only (ValueType covers optimizer states too)
+        state = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
         for name in _tied_duplicates(model):
             state.pop(name, None)  # saved once, as the single process saves it
         return {k: v.contiguous() for k, v in state.items()}
@@ -171,7 +178,7 @@ class FSDP2(DDP):
         )
 
         refuse_other_shapes(model, state)
-        full = dict(state)
+        full: dict[str, ValueType] = dict(state)
         for name, source in _tied_duplicates(model).items():
             if name not in full and source in full:
                 full[name] = full[source]
@@ -182,6 +189,8 @@ class FSDP2(DDP):
         """The full state in ``torch.optim``'s own layout (parameters by index) on rank 0;
         ``{}`` on the others (gathering with ``cpu_offload`` keeps it on rank 0 only)."""
         from torch.distributed.checkpoint.state_dict import (
+            DictValueType,
+            ListDictValueType,
             StateDictOptions,
             get_optimizer_state_dict,
         )
@@ -192,10 +201,13 @@ class FSDP2(DDP):
             return {}
         names = _trainable_names(model)
         index = {n: i for i, n in enumerate(names)}
+        # keyed by parameter name: "state" a dict, "param_groups" a list of dicts whose
+        # "params" are names (the casts torch's own _flatten_optim_state_dict makes)
         groups = []
-        for group in by_name["param_groups"]:
-            groups.append({**group, "params": [index[n] for n in group["params"]]})
-        state = {index[n]: s for n, s in by_name["state"].items()}
+        for group in cast(ListDictValueType, by_name["param_groups"]):
+            params = cast(list[str], group["params"])
+            groups.append({**group, "params": [index[n] for n in params]})
+        state = {index[n]: s for n, s in cast(DictValueType, by_name["state"]).items()}
         return {"state": state, "param_groups": groups}
 
     def load_optimizer_state(
@@ -207,7 +219,7 @@ class FSDP2(DDP):
         )
 
         names = _trainable_names(model)
-        by_name = {
+        by_name: OptimizerStateType = {
             "state": {names[int(i)]: s for i, s in state["state"].items()},
             "param_groups": [
                 {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]

@@ -34,7 +34,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import torch
 
@@ -45,6 +45,7 @@ from lmrl.errors import LmrlError, WorkerError
 from lmrl.workers.dist import (
     DDP,
     RENDEZVOUS_TIMEOUT,
+    DataParallel,
     join_process_group,
     partition_rows,
     rendezvous_store,
@@ -52,7 +53,13 @@ from lmrl.workers.dist import (
 from lmrl.workers.plan import WorkerPlan
 
 if TYPE_CHECKING:
-    pass
+    from torch import nn
+
+    from lmrl.workers.actor import ActorWorker
+    from lmrl.workers.build import Workers
+    from lmrl.workers.critic import CriticWorker
+    from lmrl.workers.reference import ReferenceWorker
+    from lmrl.workers.roles import RewardRole
 
 log = logging.getLogger("lmrl.workers")
 
@@ -62,6 +69,7 @@ __all__ = [
     "make_dp",
 ]
 
+Trained = Literal["actor", "critic"]  # the roles with checkpointed state and weights
 FORWARD_KEYS = schema_keys(read_by="map_rows")  # a row-wise pass's input, split across ranks
 
 
@@ -106,9 +114,9 @@ class RankWorker:
     def __init__(self, group: str, rank: int, world_size: int, threads: int = 1) -> None:
         self.group, self.rank, self.world_size = group, rank, world_size
         torch.set_num_threads(max(1, threads))
-        self.workers = None
-        self.reward = None
-        self.dp = None
+        self.workers: Workers | None = None  # these three: made by `setup`
+        self.reward: RewardRole | None = None
+        self.dp: DataParallel | None = None
         self.store: torch.distributed.TCPStore | None = None  # rank 0 serves the rendezvous
         self.device = torch.device("cpu")
         self.busy: dict[str, list[float]] = defaultdict(list)
@@ -160,12 +168,13 @@ class RankWorker:
             strategy, offload = "ddp", "none"
         dp = make_dp(strategy, self.rank, self.world_size, _offload(offload))
         self.dp, self.device = dp, device
+        assert cfg.model.path is not None  # load_config requires it
         tokenizer = load_tokenizer(cfg.model.path, cfg.model.trust_remote_code)
-        roles = frozenset(roles)
+        parts = frozenset(roles)
         self.workers = build_workers(
-            cfg, plan, tokenizer, device, total_steps=total_steps, roles=roles, dp=dp
+            cfg, plan, tokenizer, device, total_steps=total_steps, roles=parts, dp=dp
         )
-        if "reward" in roles:
+        if "reward" in parts:
             from lmrl.workers.reward import build_reward
 
             self.reward = build_reward(cfg, tokenizer, device)
@@ -192,8 +201,8 @@ class RankWorker:
     # -- forward-only passes (every rank is called, so collectives line up under FSDP2)
     @_busy
     def generate(self, prompts: Batch, n: int, sampling, prompt_offset: int) -> Batch | None:
-        w = self.workers
-        with self.dp.full_params(w.policy):
+        w, dp = self._workers_and_dp()
+        with dp.full_params(self._role("policy")):
             if len(prompts) == 0:
                 return None
             out = w.engine.generate(
@@ -206,7 +215,7 @@ class RankWorker:
         self, batch: Batch, with_entropy: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(b, T) log-probs of this rank's rows; with ``with_entropy``, (log-probs, entropy)."""
-        actor = self.workers.actor
+        actor = self._role("actor")
         if not with_entropy:
             return self._rows(lambda b: actor.compute_log_probs(b)[0], batch, actor.model)
         return self._rows(
@@ -215,11 +224,11 @@ class RankWorker:
 
     @_busy
     def ref_log_probs(self, batch: Batch) -> torch.Tensor:
-        return self.workers.reference.compute_log_probs(batch.to(self.device)).cpu()
+        return self._role("reference").compute_log_probs(batch.to(self.device)).cpu()
 
     @_busy
     def values(self, batch: Batch) -> torch.Tensor:
-        critic = self.workers.critic
+        critic = self._role("critic")
         return self._rows(critic.compute_values, batch, critic.model)
 
     def _rows(self, fn, batch: Batch, model, outputs: int = 1):
@@ -227,7 +236,8 @@ class RankWorker:
         no rows, ``model``'s weights are still gathered and freed (under FSDP2 every rank takes
         part in each all-gather of a pass) and the result is empty (0, T)."""
         if len(batch) == 0:
-            with self.dp.full_params(model):
+            _, dp = self._workers_and_dp()
+            with dp.full_params(model):
                 empty = torch.zeros(0, batch["responses"].shape[1])
                 return empty if outputs == 1 else (empty,) * outputs
         out = fn(batch.to(self.device))
@@ -236,43 +246,43 @@ class RankWorker:
     # -- updates (the whole batch on every rank)
     @_busy
     def update_actor(self, batch: Batch, old_log_probs_from_update: bool) -> dict[str, float]:
-        metrics = self.workers.actor.update_actor(
+        metrics = self._role("actor").update_actor(
             batch.to(self.device), old_log_probs_from_update=old_log_probs_from_update
         )
         return {k: float(v) for k, v in metrics.items()}
 
     @_busy
     def update_critic(self, batch: Batch) -> dict[str, float]:
-        metrics = self.workers.critic.update_critic(batch.to(self.device))
+        metrics = self._role("critic").update_critic(batch.to(self.device))
         return {k: float(v) for k, v in metrics.items()}
 
     # -- reward
     @_busy
     def score(self, batch: Batch):
-        return self.reward(batch) if len(batch) else None
+        return self._reward()(batch) if len(batch) else None
 
     def check_dataset(self, dataset) -> None:
-        self.reward.check_dataset(dataset)
+        self._reward().check_dataset(dataset)
 
     # -- checkpoints (every rank is called: gathering sharded state is collective)
-    def state(self, role: str) -> dict:
+    def state(self, role: Trained) -> dict:
         state = self._role(role).state_dict()
         state["rank_rng"] = torch.get_rng_state()
         return state
 
-    def load_state(self, role: str, state: dict) -> None:
+    def load_state(self, role: Trained, state: dict) -> None:
         self._role(role).load_state_dict(state)
         if "rank_rng" in state:
             torch.set_rng_state(state["rank_rng"])
 
-    def scale_lr(self, role: str, factor: float) -> float:
+    def scale_lr(self, role: Trained, factor: float) -> float:
         return self._role(role).scale_lr(factor)
 
-    def weights(self, role: str) -> dict[str, torch.Tensor] | None:
+    def weights(self, role: Trained) -> dict[str, torch.Tensor] | None:
         state = self._role(role).model_state()
         return state if self.rank == 0 else None
 
-    def load_weights(self, role: str, state: dict[str, torch.Tensor]) -> None:
+    def load_weights(self, role: Trained, state: dict[str, torch.Tensor]) -> None:
         self._role(role).load_model_state(state)
 
     @_busy
@@ -281,18 +291,47 @@ class RankWorker:
         requests; its engine follows them (the weights version is bumped)."""
         from lmrl.models.loading import bump_weights_version
 
-        policy = self.workers.policy
+        policy = self._role("policy")
         with torch.no_grad():
             result = policy.load_state_dict(state, strict=False)
         if result.unexpected_keys:
             raise KeyError(f"weights the rollout policy does not have: {result.unexpected_keys}")
         bump_weights_version(policy)
 
-    def _role(self, role: str):
+    def _workers_and_dp(self) -> tuple[Workers, DataParallel]:
+        """This rank's workers and data parallelism.
+
+        Raises:
+            RuntimeError: `setup` has not run on this rank.
+        """
+        if self.workers is None or self.dp is None:
+            raise RuntimeError(f"rank {self.rank} of the {self.group} group is not set up")
+        return self.workers, self.dp
+
+    @overload
+    def _role(self, role: Literal["actor"]) -> ActorWorker: ...
+    @overload
+    def _role(self, role: Literal["critic"]) -> CriticWorker: ...
+    @overload
+    def _role(self, role: Literal["reference"]) -> ReferenceWorker: ...
+    @overload
+    def _role(self, role: Literal["policy"]) -> nn.Module: ...
+
+    def _role(self, role: str) -> Any:
+        """This rank's part ``role`` (a field of `Workers`).
+
+        Raises:
+            ValueError: this rank has no such part.
+        """
         worker = getattr(self.workers, role)
         if worker is None:
             raise ValueError(f"rank {self.rank} of the {self.group} group has no {role}")
         return worker
+
+    def _reward(self) -> RewardRole:
+        if self.reward is None:
+            raise ValueError(f"rank {self.rank} of the {self.group} group has no reward")
+        return self.reward
 
 
 def _offload(offload: str) -> dict[str, bool]:
@@ -331,7 +370,10 @@ class RayWorkerGroup:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self.name, self.world_size = name, world_size
-        self.alive, self.ranks, self.placement = True, [], None
+        self.alive, self.placement = True, None
+        # Ray's handles of RankWorker (ray.actor.ActorProxy): its types give a method's
+        # ``.remote`` only to methods decorated with ray.method, and this class imports no ray
+        self.ranks: list[Any] = []
         self.wall: dict[str, float] = defaultdict(float)  # driver seconds per method called
         self.infos: list[dict] = [{} for _ in range(world_size)]
         self.placement = cluster.placement_group(world_size, use_gpu=use_gpu, name=name)
@@ -364,8 +406,8 @@ class RayWorkerGroup:
         import ray
 
         with self._timed(method):
-            args = [ray.put(a) if isinstance(a, Batch | dict) else a for a in args]  # once
-            refs = [getattr(r, method).remote(*args, **kwargs) for r in self.ranks]
+            sent = [ray.put(a) if isinstance(a, Batch | dict) else a for a in args]  # once
+            refs = [getattr(r, method).remote(*sent, **kwargs) for r in self.ranks]
             return self._gather(refs, method)
 
     def call_one(self, rank: int, method: str, *args) -> Any:

@@ -65,7 +65,8 @@ def ray_processes(temp_dir: str) -> list[int]:
     """Pids of live processes of this instance: those whose command line names ``temp_dir``,
     and their descendants (the raylet's dashboard and runtime-env agents rename themselves
     ``ray::DashboardAgent``..., so their command lines no longer name it). Zombies excluded."""
-    me, found, children = os.getpid(), [], {}
+    me, found = os.getpid(), []
+    children: dict[int, list[int]] = {}  # parent pid -> its children's pids
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue

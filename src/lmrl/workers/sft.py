@@ -28,7 +28,7 @@ from lmrl.models.layout import with_row_layout
 from lmrl.workers.optim import TrainableWorker
 
 
-def sft_batch(piece: Mapping[str, torch.Tensor], device: torch.device | str) -> Batch:
+def sft_batch(piece: Mapping[str, torch.Tensor] | Batch, device: torch.device | str) -> Batch:
     """A collated micro-batch split at ``P`` (the first column where any row is trained), with
     the host's layout of its rows, on ``device``: ``input_ids``, ``attention_mask`` (B, L),
     ``responses`` and ``loss_mask`` (B, L-P). Read from the piece where it is (the collate's
@@ -55,7 +55,7 @@ def sft_batch(piece: Mapping[str, torch.Tensor], device: torch.device | str) -> 
 
 
 def sft_token_log_probs(
-    model: nn.Module, batch: Mapping[str, torch.Tensor]
+    model: nn.Module, batch: Mapping[str, torch.Tensor] | Batch
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of the trained tokens of a right-padded micro-batch, differentiable.
 

@@ -78,6 +78,12 @@ class GroupEngine:
         """Nothing here: each rank's engine is freed with its process (``RayBackend.close``)."""
 
 
+def _one(rows: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """`RayWorkerGroup.map_rows`'s result for a rank method that returns one tensor."""
+    assert isinstance(rows, torch.Tensor)  # the method returns one (b, T) tensor, no tuple
+    return rows
+
+
 class _Trained:
     """Checkpoint methods of a trained role (state of rank 0, weights gathered by all)."""
 
@@ -121,8 +127,11 @@ class GroupActor(_Trained):
         self, batch: Batch, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not with_entropy:
-            return self.group.map_rows("actor_log_probs", batch), None
-        return self.group.map_rows("actor_log_probs", batch, True)
+            return _one(self.group.map_rows("actor_log_probs", batch)), None
+        rows = self.group.map_rows("actor_log_probs", batch, True)
+        assert isinstance(rows, tuple)  # the ranks' (log_probs, entropy)
+        log_probs, entropy = rows
+        return log_probs, entropy
 
     def update_actor(
         self, batch: Batch, *, old_log_probs_from_update: bool = False
@@ -138,7 +147,7 @@ class GroupCritic(_Trained):
     role = "critic"
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
-        return self.group.map_rows("values", batch)
+        return _one(self.group.map_rows("values", batch))
 
     def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
         batch = batch.select(*(k for k in CRITIC_KEYS if k in batch))
@@ -153,7 +162,7 @@ class GroupReference:
         self.group = group
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
-        return self.group.map_rows("ref_log_probs", batch)
+        return _one(self.group.map_rows("ref_log_probs", batch))
 
 
 class GroupReward:
