@@ -329,6 +329,20 @@ class SD3Pipeline:
 PIPELINES = {"StableDiffusion3Pipeline": SD3Pipeline}
 
 
+def _read_json(path: Path) -> Any:
+    """A model directory's JSON file, parsed.
+
+    Raises:
+        ModelError: one line naming the file: unreadable, or not valid JSON (the parse error).
+    """
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as err:
+        raise ModelError(f"cannot read {path}: {err}") from None
+    except ValueError as err:
+        raise ModelError(f"cannot read {path}: not valid JSON ({err})") from None
+
+
 def read_model_index(path: str | Path) -> dict[str, Any] | None:
     """The ``model_index.json`` of a diffusers pipeline directory as a dict, or None when
     ``path`` holds none.
@@ -340,12 +354,7 @@ def read_model_index(path: str | Path) -> dict[str, Any] | None:
     index = Path(path) / "model_index.json"
     if not index.is_file():
         return None
-    try:
-        found = json.loads(index.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as err:
-        raise ModelError(f"cannot read {index}: {err}") from None
-    except ValueError as err:
-        raise ModelError(f"cannot read {index}: not valid JSON ({err})") from None
+    found = _read_json(index)
     if not isinstance(found, dict):
         raise ModelError(
             f"cannot read {index}: a diffusers model_index.json is a JSON object, this one is "
@@ -389,12 +398,7 @@ def load_pipeline(
         )  # fmt: skip
     config = where / "config.json"
     if config.is_file():
-        try:
-            found = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as err:
-            raise ModelError(f"cannot read {config}: {err}") from None
-        except ValueError as err:
-            raise ModelError(f"cannot read {config}: not valid JSON ({err})") from None
+        found = _read_json(config)
         if isinstance(found, dict) and found.get("type") != "lmrl-image-flow":
             what = found.get("model_type") or found.get("_class_name") or "model"
             raise ModelError(

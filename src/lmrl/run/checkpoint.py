@@ -89,7 +89,8 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file or a directory (its entries) to disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -163,7 +164,7 @@ def save_checkpoint(
     torch.save(state, tmp / "state.pt")
     files = sorted(p for p in tmp.iterdir() if p.is_file())
     for p in files:
-        _fsync(p)
+        fsync_path(p)
     if before_manifest is not None:
         before_manifest()
     manifest: dict[str, Any] = {"step": step}
@@ -172,13 +173,13 @@ def save_checkpoint(
     manifest |= note or {}
     manifest["files"] = {p.name: [p.stat().st_size, _sha256(p)] for p in files}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    _fsync(tmp / MANIFEST)
+    fsync_path(tmp / MANIFEST)
     old = run_dir / f".global_step_{step}.old"
     if final.exists():  # saved again at its step: the old one aside first (`finish_replace`)
         shutil.rmtree(old, ignore_errors=True)
         os.replace(final, old)
     os.replace(tmp, final)
-    _fsync(run_dir)
+    fsync_path(run_dir)
     shutil.rmtree(old, ignore_errors=True)
     if max_to_keep:
         for old in list_checkpoints(run_dir)[:-max_to_keep]:
@@ -198,7 +199,7 @@ def finish_replace(run_dir: Path, step: int) -> None:
         return
     if not final.exists():
         os.replace(tmp if tmp.is_dir() and check_checkpoint(tmp) is None else old, final)
-        _fsync(run_dir)
+        fsync_path(run_dir)
     shutil.rmtree(old, ignore_errors=True)
 
 

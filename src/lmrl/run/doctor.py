@@ -45,6 +45,7 @@ from lmrl.run.checkpoint import (
     check_checkpoint,
     checkpoint_step,
     finish_replace,
+    fsync_path,
     list_checkpoints,
     manifest_field,
 )
@@ -84,15 +85,7 @@ def _write_json(path: Path, record: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path.parent)
 
 
 class Doctor:
@@ -233,4 +226,4 @@ class Doctor:
     def done(self) -> None:
         """The rollback under way is complete: remove its intent."""
         (self.run_dir / INTENT).unlink(missing_ok=True)
-        _fsync_dir(self.run_dir)
+        fsync_path(self.run_dir)
