@@ -55,7 +55,6 @@ from typing import Any
 
 import torch
 
-from lmrl.batch import response_tokens_mask
 from lmrl.errors import DataError
 from lmrl.run.lock import LOCK_FILE, RunDirLock
 
@@ -228,7 +227,7 @@ class GreedyAccuracy:
     ) -> None:
         from lmrl.data import RLDataset
         from lmrl.rewards.scorers import default_compute_score
-        from lmrl.rollout import SamplingParams, build_engine
+        from lmrl.rollout import build_engine
         from lmrl.rollout.agent import AgentLoop
 
         self.model, self.tokenizer, self.score = model, tokenizer, default_compute_score
@@ -237,23 +236,20 @@ class GreedyAccuracy:
         self.engine = build_engine("hf", model, tokenizer)
         if agent is not None:
             self.engine = AgentLoop(self.engine, tokenizer=tokenizer, **agent)
-        self.sampling = SamplingParams(do_sample=False, max_new_tokens=max_new_tokens)
+        self.max_new_tokens = max_new_tokens
 
     @torch.no_grad()
     def __call__(self) -> float:
         """Fraction of validation prompts answered exactly."""
-        training = self.model.training
-        self.model.eval()
-        try:
-            out = self.engine.generate(self.prompts, 1, self.sampling)
-        finally:
-            self.model.train(training)
+        from lmrl.trainer.sft_score import greedy_texts
+
+        texts, out = greedy_texts(
+            self.model, self.engine, self.tokenizer, self.prompts, self.max_new_tokens
+        )
         right = 0.0
-        for ids, mask, source, truth, extra in zip(
-            out["responses"], response_tokens_mask(out), out["data_source"], out["ground_truth"],
-            out["extra_info"], strict=True,
-        ):  # fmt: skip
-            text = self.tokenizer.decode(ids[mask], skip_special_tokens=False)
+        for text, source, truth, extra in zip(
+            texts, out["data_source"], out["ground_truth"], out["extra_info"], strict=True
+        ):
             right += self.score(source, text, truth, extra)["acc"]
         return right / len(out["responses"])
 

@@ -20,6 +20,10 @@ Choices:
   killed run never leaves a half-written ``final/``. It holds ``lmrl_prompt_layout.json``, how
   the training prompts were rendered (``lmrl.data.layout``), which ``lmrl train`` checks its
   own rendering against before its first step.
+- Validation is the loss on ``data.val_files`` and, where those rows are RL rows a built-in
+  scorer scores, the task's score on greedy answers against the answers' prior (the commonest
+  training answer; ``lmrl.trainer.sft_score``); the run ends saying whether the model beats
+  the prior.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from lmrl.run.loop import RunsOnLoop, resume
 from lmrl.run.resume import RunStart, open_run
 from lmrl.run.timing import StageTimer
 from lmrl.trainer.metrics import to_floats
+from lmrl.trainer.sft_score import SFTScore, commonest_answer
 from lmrl.workers.build import seed_everything
 from lmrl.workers.precision import Precision
 from lmrl.workers.sft import SFTWorker
@@ -91,6 +96,7 @@ def build_sft(cfg: SFTConfig) -> SFTParts:
     seed_everything(cfg.trainer.seed)
     device = resolve_device(cfg.trainer.device)
     m, d = cfg.model, cfg.data
+    assert m.path is not None  # load_sft_config requires it
     tokenizer = load_tokenizer(m.path, m.trust_remote_code)
     train_data = _dataset(cfg, d.train_files, tokenizer)
     val_data = _dataset(cfg, d.val_files, tokenizer) if d.val_files else None
@@ -99,7 +105,8 @@ def build_sft(cfg: SFTConfig) -> SFTParts:
             f"data.train_batch_size={d.train_batch_size} is larger than the training set "
             f"({len(train_data)} examples in {d.train_files}); lower it"
         )
-    sampler = PromptSampler(len(train_data), d.train_batch_size, seed=d.seed, shuffle=d.shuffle)
+    seed = cfg.trainer.seed if d.seed is None else d.seed  # resolved configs fill it already
+    sampler = PromptSampler(len(train_data), d.train_batch_size, seed=seed, shuffle=d.shuffle)
     total_steps = cfg.trainer.total_training_steps or len(sampler) * cfg.trainer.total_epochs
     precision = Precision.from_config(m, device)  # fp32 masters, model.mixed_precision compute
     model = load_causal_lm(
@@ -148,6 +155,9 @@ class SFTTrainer(RunsOnLoop):
         run_dir: ``trainer.default_local_dir`` (config.yaml, metrics.jsonl, checkpoints).
         final_dir: ``run_dir / "final"``, the model path to hand to ``lmrl train``.
         worker: the ``SFTWorker``: the model, its optimizer and schedule, the loss.
+        score: the greedy answers' score against the answers' prior at each validation
+            (`lmrl.trainer.sft_score.SFTScore`; its ``skipped`` says why not), None without
+            validation files.
         total_steps: optimizer steps of the run.
         global_step: steps done.
     """
@@ -167,7 +177,29 @@ class SFTTrainer(RunsOnLoop):
         self.total_steps = parts.total_steps
         self.global_step = 0
         self.health = SFTHealth(self.total_steps)
+        self.score = self._score() if self.val_data is not None else None
         resume(self)
+
+    def _score(self) -> SFTScore:
+        """The greedy-answer score of the validation rows (`lmrl.trainer.sft_score`)."""
+        d = self.cfg.data
+        files = [d.train_files] if isinstance(d.train_files, str) else list(d.train_files or [])
+        val = [d.val_files] if isinstance(d.val_files, str) else list(d.val_files or [])
+
+        def prior() -> str | None:
+            return commonest_answer(
+                files, response_key=d.response_key, messages_key=d.messages_key,
+                response_from_ground_truth=d.response_from_ground_truth,
+            )  # fmt: skip
+
+        longest = max(sum(mask) for _, mask in self.train_data.examples)
+        score = SFTScore(
+            self.worker.model, self.tokenizer, val, prior, longest,
+            prompt_key=d.prompt_key, prompt_template=d.prompt_template,
+        )  # fmt: skip
+        if score.skipped is not None:
+            log.info("sft: no validation score on greedy answers: %s", score.skipped)
+        return score
 
     @property
     def model(self) -> torch.nn.Module:
@@ -195,11 +227,14 @@ class SFTTrainer(RunsOnLoop):
         return metrics | timer.metrics()
 
     def validate(self) -> dict[str, float]:
-        """Token-mean loss over the validation set: ``{"val/sft_loss": ...}`` ({} without one)."""
+        """Token-mean loss over the validation set, ``{"val/sft_loss": ...}`` ({} without one),
+        and where the rows can be scored the greedy answers' ``val/<source>/acc`` and the
+        answers' prior ``val/<source>/prior_acc`` (`lmrl.trainer.sft_score`)."""
         if self.val_data is None:
             return {}
         pieces = self._micro_batches(self.val_data, range(len(self.val_data)))
-        return {"val/sft_loss": float(self.worker.loss(pieces))}
+        metrics = {"val/sft_loss": float(self.worker.loss(pieces))}
+        return metrics | (self.score() if self.score is not None else {})
 
     def generations(self) -> list[dict]:
         return []
@@ -240,8 +275,13 @@ class SFTTrainer(RunsOnLoop):
             if adapter is not None:
                 adapter(out)
 
-        return export_pretrained(self.final_dir, weights, m.path, self.tokenizer,
+        assert m.path is not None  # load_sft_config requires it
+        path = export_pretrained(self.final_dir, weights, m.path, self.tokenizer,
                                  m.trust_remote_code, extra=extra)  # fmt: skip
+        verdict = self.score.verdict() if self.score is not None else None
+        if verdict is not None:
+            log.log(*verdict)
+        return path
 
     def close(self) -> None:
         self.trackers.close()
