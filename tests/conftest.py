@@ -63,7 +63,7 @@ def two_ray_nodes():
     (workers on 10002-19999, the agents' 52365) are shared with any other Ray of the machine.
     Both nodes take this process's ``RAY_AUTH_MODE`` (its driver joins them), ``disabled``
     when unset: a head turns token authentication on by itself where ``~/.ray/auth_token``
-    exists (a local ``ray.init`` writes it, in this session or a parallel one), a joining node
+    exists (a local ``ray.init`` writes it, in this test run or a parallel one), a joining node
     does not, and is refused.
     """
     from lmrl.workers.ray_cluster import kill_processes, ray_processes
