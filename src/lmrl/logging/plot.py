@@ -193,22 +193,13 @@ class _Panel:
                            title=title, title_fontsize=7.5)  # fmt: skip
 
 
-def _val_keys(series: Series) -> dict[str, dict[str, str]]:
-    """source -> {metric name (acc, mean@4, pass@4, reward/mean) -> key}, sources sorted."""
+def _source_keys(series: Series, pattern: re.Pattern[str]) -> dict[str, dict[str, str]]:
+    """source -> {metric name -> key} of the keys ``pattern`` matches (its ``source`` and
+    ``name`` groups), sources sorted: ``_VAL``'s validation metrics (acc, mean@4, pass@4,
+    reward/mean), ``_TRAIN``'s per-source train metrics (empty for a run of one source)."""
     out: dict[str, dict[str, str]] = {}
     for key in sorted(series):
-        match = _VAL.match(key)
-        if match:
-            out.setdefault(match["source"], {})[match["name"]] = key
-    return out
-
-
-def _train_keys(series: Series) -> dict[str, dict[str, str]]:
-    """source -> {``score/mean``, ``acc`` -> key} of the per-source train metrics, sources
-    sorted; empty for a run of one data source."""
-    out: dict[str, dict[str, str]] = {}
-    for key in sorted(series):
-        match = _TRAIN.match(key)
+        match = pattern.match(key)
         if match:
             out.setdefault(match["source"], {})[match["name"]] = key
     return out
@@ -249,7 +240,7 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
     """
     fig = Figure(figsize=FIGSIZE, dpi=DPI, layout="constrained")
     axes = fig.subplots(2, 3)
-    val = _val_keys(series)
+    val = _source_keys(series, _VAL)
 
     p = _Panel(axes[0, 0], series, smooth, "Reward", "score")
     # no min-max band here: with 0/1 rewards it is the whole [0, 1] strip at every step
@@ -259,7 +250,7 @@ def draw_run(series: Series, title: str = "", smooth: float = 0.0) -> Figure:
     ):
         p.line("critic/rewards/mean", "train reward (after KL penalty)", color="C1")
     p.line("reward/acc/mean", "train acc", color="C2")
-    train = _train_keys(series)
+    train = _source_keys(series, _TRAIN)
     colour = {source: f"C{3 + i}" for i, source in enumerate(sorted({*train, *val}))}
     for source, names in train.items():
         if "score/mean" in names:
