@@ -22,6 +22,9 @@ Choices:
 - chat templates are left exactly as the tokenizer ships them.
 - errors name the path, and the file where one is to blame (a truncated
   ``model.safetensors``): a ``lmrl.errors.ModelError``, which ``lmrl`` prints as one line.
+- vision-language models (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) load with their own function,
+  `load_image_text_lm` (``AutoModelForImageTextToText``, the vision tower frozen by default),
+  and their processor with `load_processor`; `load_causal_lm` refuses them.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -203,11 +207,19 @@ def load_causal_lm(
     path = check_model_path(path)
     config = load_config(path, trust_remote_code)
     _check_causal(path, config)
+    return _pretrained(AutoModelForCausalLM, path, dtype, device, trust_remote_code,
+                       attn_implementation, gradient_checkpointing)  # fmt: skip
+
+
+def _pretrained(auto, path, dtype, device, trust_remote_code, attn_implementation,
+                gradient_checkpointing):  # fmt: skip
+    """``auto.from_pretrained`` of a checked ``path`` in ``dtype`` on ``device`` (weight
+    errors named), gradient checkpointing on if asked."""
     kwargs = {"dtype": resolve_dtype(dtype, device), "trust_remote_code": trust_remote_code}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     with weight_errors(path, "model"):
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        model = auto.from_pretrained(path, **kwargs)
     model.to(device)
     if gradient_checkpointing:
         enable_gradient_checkpointing(model)
@@ -366,3 +378,146 @@ def refuse_other_shapes(model: nn.Module, state: dict[str, torch.Tensor]) -> Non
     if shapes:
         more = f" (and {len(shapes) - 1} more)" if len(shapes) > 1 else ""
         raise ValueError(f"weights of another model: {shapes[0]}{more}")
+
+
+# ---------------------------------------------------------------------------- vision-language
+# Where each family keeps its vision tower (the patch embedding, its blocks and the merger that
+# projects into the language model) under the ``*ForConditionalGeneration`` head: Qwen2-VL,
+# Qwen2.5-VL and Qwen3-VL as ``model.visual`` (beside ``model.language_model``).
+VISION_TOWERS = ("model.visual", "visual", "model.vision_tower", "vision_tower")
+
+
+def is_vision_language(config) -> bool:
+    """True when ``config`` (an ``AutoConfig``) is an image-text-to-text model with a vision
+    tower (``vision_config``): Qwen2-VL, Qwen2.5-VL, Qwen3-VL..."""
+    from transformers import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+    return (
+        type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+        and getattr(config, "vision_config", None) is not None
+    )
+
+
+def load_image_text_lm(
+    path: str | Path,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+    gradient_checkpointing: bool = False,
+    attn_implementation: str | None = None,
+    freeze_vision: bool = True,
+) -> nn.Module:
+    """Load the vision-language model at ``path`` with ``AutoModelForImageTextToText``.
+
+    The arguments are `load_causal_lm`'s, plus ``freeze_vision`` (``actor.freeze_vision_tower``,
+    verl's key): the vision tower's parameters get ``requires_grad`` off, so only the language
+    model trains (`freeze_vision_tower`).
+
+    Raises:
+        ModelError: a missing or unreadable path, a model without a vision tower (a text model
+            loads with `load_causal_lm`), or a damaged weights file (named).
+    """
+    from transformers import AutoModelForImageTextToText
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = check_model_path(path)
+    config = load_config(path, trust_remote_code)
+    if not is_vision_language(config):
+        raise ModelError(
+            f"model at {path!r} (model_type {config.model_type!r}, architectures "
+            f"{getattr(config, 'architectures', None)}) is not an image-text-to-text model with "
+            "a vision tower; a text model loads as a causal LM"
+        )
+    model = _pretrained(AutoModelForImageTextToText, path, dtype, device, trust_remote_code,
+                        attn_implementation, gradient_checkpointing)  # fmt: skip
+    if freeze_vision:
+        freeze_vision_tower(model)
+    return model
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The transformers model under a PEFT wrapper (``base_model.model``), else ``model``."""
+    from peft import PeftModel
+
+    return model.get_base_model() if isinstance(model, PeftModel) else model
+
+
+def vision_tower(model: nn.Module) -> tuple[str, nn.Module]:
+    """``(dotted name, module)`` of a vision-language model's vision tower (a PEFT wrapper is
+    looked through): ``model.visual`` for Qwen2-VL, Qwen2.5-VL and Qwen3-VL.
+
+    Raises:
+        ModelError: no vision tower where the known families keep one.
+    """
+    model = _unwrap(model)
+    for name in VISION_TOWERS:
+        try:
+            return name, model.get_submodule(name)
+        except AttributeError:
+            continue
+    raise ModelError(
+        f"{type(model).__name__} has no vision tower under any of {list(VISION_TOWERS)}: not a "
+        "vision-language model lmrl knows"
+    )
+
+
+def freeze_vision_tower(model: nn.Module) -> int:
+    """Turn ``requires_grad`` off on every parameter of ``model``'s vision tower (verl's
+    ``freeze_vision_tower``); the language model and output head are left as they are.
+
+    Returns:
+        How many parameters (elements) were frozen.
+    """
+    _, tower = vision_tower(model)
+    tower.requires_grad_(False)
+    return sum(p.numel() for p in tower.parameters())
+
+
+def processor_class(config) -> type:
+    """The processor class of a vision-language ``config``'s family (``Qwen2VLProcessor``...),
+    taking images only: transformers builds video processors only where torchvision is
+    installed, and lmrl's prompts hold images, not videos. The class keeps the family's name,
+    so a saved processor records the real class and ``AutoProcessor`` loads it elsewhere.
+
+    Raises:
+        ModelError: a model type without a processor class in transformers.
+    """
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING
+
+    try:
+        base: Any = PROCESSOR_MAPPING[type(config)]
+    except KeyError:
+        raise ModelError(
+            f"transformers has no processor for model_type {config.model_type!r}"
+        ) from None
+
+    def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+        base.__init__(self, image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
+
+    return type(base.__name__, (base,), {"__init__": __init__, "__module__": base.__module__})
+
+
+def load_processor(path: str | Path, trust_remote_code: bool = False):
+    """Load the processor (tokenizer, image processor, chat template) of the vision-language
+    model at ``path``, images only (`processor_class`), with a pad token.
+
+    Raises:
+        ModelError: a missing path, a model that is not vision-language, or a directory
+            without an image processor (``preprocessor_config.json``) or tokenizer.
+    """
+    path = check_model_path(path)
+    config = load_config(path, trust_remote_code)
+    if not is_vision_language(config):
+        raise ModelError(
+            f"model at {path!r} (model_type {config.model_type!r}) has no vision tower, so no "
+            "image processor; a text model takes its tokenizer only"
+        )
+    try:
+        processor = processor_class(config).from_pretrained(  # type: ignore[attr-defined]
+            path, trust_remote_code=trust_remote_code
+        )
+    except (OSError, ValueError) as err:
+        raise ModelPathError(f"cannot load a processor from {path!r}: {err}") from err
+    set_pad_token(processor.tokenizer)
+    return processor

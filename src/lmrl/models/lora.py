@@ -5,7 +5,10 @@ adapter disabled (see :mod:`lmrl.models.reference`), so no second copy of the we
 Defaults follow verl: ``lora_rank = 0`` means no LoRA (the caller simply does not call
 :func:`apply_lora`), ``lora_alpha = 16``, and ``target_modules = "all-linear"`` (PEFT's
 shorthand for every linear layer except the output head). PEFT initializes the ``B`` matrices
-to zero, so a fresh adapter leaves the model's outputs unchanged.
+to zero, so a fresh adapter leaves the model's outputs unchanged. On a vision-language model
+the adapter sits in the language model only: the vision tower (frozen by default) is excluded
+from every target, ``all-linear`` included, and a target that names only vision modules is
+refused.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import contextlib
 import copy
 import math
 import os
+import re
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,7 +27,7 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
 
 from lmrl.errors import ModelError
-from lmrl.models.loading import ModelPathError, weight_errors
+from lmrl.models.loading import ModelPathError, is_vision_language, vision_tower, weight_errors
 
 
 def is_lora(model: nn.Module) -> bool:
@@ -69,6 +73,7 @@ def apply_lora(
         target_modules=target_modules if isinstance(target_modules, str) else list(target_modules),
         lora_dropout=lora_dropout,
         bias="none",
+        exclude_modules=_vision_regex(model),
     )
     with _peft_wraps():
         peft_model = get_peft_model(model, config)
@@ -86,12 +91,25 @@ def check_lora_targets(model: nn.Module, targets: Sequence[str], where: str) -> 
         ModelError: naming the first target that matches nothing, and some module names.
     """
     modules = dict(model.named_modules())
+    tower = _vision_regex(model)
+    if tower is not None:  # a vision-language model: its language model's modules only
+        modules = {n: m for n, m in modules.items() if not re.fullmatch(tower, n)}
+        where = f"the language model of {where}"
     for target in targets:
         if not any(n == target or n.endswith("." + target) for n in modules):
             raise ModelError(
                 f"model.target_modules: {target!r} matches no module of {where} (a LoRA of it "
                 f"would train nothing); name modules such as {', '.join(_layer_names(modules))}"
             )
+
+
+def _vision_regex(model: nn.Module) -> str | None:
+    """A regular expression that PEFT full-matches against module names, matching the vision
+    tower of a vision-language ``model`` and everything in it; None for a text model."""
+    if not is_vision_language(getattr(model, "config", None)):
+        return None
+    name, _ = vision_tower(model)
+    return rf"{re.escape(name)}(\..*)?"
 
 
 def _layer_names(modules: dict[str, nn.Module], most: int = 12) -> list[str]:

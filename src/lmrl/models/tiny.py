@@ -185,22 +185,34 @@ def save_model(config, out_dir: str | Path, seed: int = 0) -> Path:
     """
     from transformers import AutoModelForCausalLM
 
+    return init_and_save(AutoModelForCausalLM, config, out_dir, seed, build_tokenizer)
+
+
+def init_and_save(auto, config, out_dir: str | Path, seed: int, tokenizer, processor=None) -> Path:
+    """``auto.from_config(config)`` initialized from ``seed`` in float32 (the global RNG left
+    untouched), saved to ``out_dir`` with ``tokenizer()``'s tokenizer (or ``processor(it)``,
+    the processor built around it, when given).
+
+    Raises:
+        ModelError: ``out_dir`` is a file or cannot be written (checked before building).
+    """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ModelError(f"{out} is a file, not a directory; give a directory for the model")
-    tokenizer = build_tokenizer()
+    tok = tokenizer()
+    saved = tok if processor is None else processor(tok)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config).to(torch.float32)
+        model = auto.from_config(config).to(torch.float32)
     model.generation_config = GenerationConfig(
-        eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
-        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[tok.eos_token_id, tok.pad_token_id],
+        pad_token_id=tok.pad_token_id,
         bos_token_id=None,
     )
     try:
         out.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
+        saved.save_pretrained(out)
     except OSError as err:  # a parent that is a file, no permission, a full disk
         raise ModelError(f"cannot write the model to {out}: {err}") from None
     return out
