@@ -47,6 +47,7 @@ TABLE: tuple[tuple[str, tuple[str, ...] | str], ...] = (
     ("tools", ()),
     # beyond DESIGN.md: algos (the rollout's own log-probs through algos.logprob)
     ("rollout", ("models", "tools", "batch", "algos")),
+    ("serve", ("rollout", "models", "batch", "config")),
     # beyond DESIGN.md: batch (the trajectory Batch), data (the shapes task's prompt attributes)
     ("flow", ("algos", "models", "batch", "data")),
     # beyond DESIGN.md: config (each worker takes its config section)
