@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev,ray,tracking]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev,ray,tracking,serve]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -39,9 +39,10 @@ test-learning: venv
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m learning tests/sweep/test_sweep.py
 	@cat learning-results/learning-table.md
 
-# the search and image demos pass their bars (~12 min on 2 cores)
+# the digits demo (seed 2), the search and the image demos pass their bars (~14 min on 2 cores)
 test-demos: venv
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -s -m learning tests/learning/test_search_demo.py tests/learning/test_flow_demo.py
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -s -m learning tests/demos/test_digits_bar.py \
+		tests/learning/test_search_demo.py tests/learning/test_flow_demo.py
 
 demo: venv
 	HF_HUB_OFFLINE=1 $(VENV)/bin/lmrl demo

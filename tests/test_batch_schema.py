@@ -76,7 +76,7 @@ def test_the_key_sets_of_the_forward_and_the_updates_are_the_schemas():
     assert set(ACTOR_KEYS) == tokens | {
         "loss_mask", "advantages", "old_log_probs", "ref_log_probs", "rollout_is_weights"
     }  # fmt: skip
-    assert set(CRITIC_KEYS) == tokens | {"values", "returns"}
+    assert set(CRITIC_KEYS) == tokens | {"values", "returns", "scored_mask"}
     assert REQUIRED_KEYS == ("input_ids", "attention_mask", "responses")
     assert LAYOUT_KEYS == ("row_layout", "prompt_group")
     assert set(MICRO_KEYS) == {*REQUIRED_KEYS, "position_ids", *LAYOUT_KEYS}

@@ -157,3 +157,23 @@ def test_lmrl_train_exits_2_with_the_line(capsys):
     assert code == 2 and "Traceback" not in err
     (line,) = [line for line in err.splitlines() if "error:" in line]
     assert line.startswith("lmrl train: error: model.mixed_precision.param_dtype is set twice")
+
+
+# ---- lmrl train-flow's optimizer
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("actor.optim.betas=[0.9]", "actor.optim.betas=[0.9] must be two numbers in [0, 1)"),
+        ("actor.optim.betas=[0.9,1.5]", "must be two numbers in [0, 1)"),
+        ("actor.optim.weight_decay=-0.1", "actor.optim.weight_decay=-0.1 must be >= 0"),
+    ],
+)
+def test_flow_optimizer_values_are_checked_before_any_model_loads(override, message):
+    from lmrl.config.flow import load_flow_config
+
+    with pytest.raises(ConfigError) as err:
+        load_flow_config(None, [*BASE, override])
+    (line,) = err.value.errors
+    assert message in line

@@ -259,3 +259,35 @@ def test_the_demo_runs_the_fit_users_run_stopped_by_its_callback(tmp_path, monke
     assert rl["steps"] == 1 and runs[-1] == ("Trainer", True)  # reached at the first check
     assert (tmp_path / "again" / "global_step_1" / "manifest.json").is_file()
     assert (tmp_path / "again" / "final" / "config.json").is_file()
+
+
+def test_a_signal_during_grpo_stops_the_demo_with_its_exit_code(tmp_path, monkeypatch, capsys):
+    """SIGTERM while GRPO runs: the run saves, and ``lmrl demo`` says in one line where it
+    stopped and exits 143, without the finished demo's summary (no summary, no plot)."""
+    import os
+    import signal
+
+    from lmrl.cli import main
+    from lmrl.run.loop import RunLoop
+
+    real_run = RunLoop.run
+
+    def terminated(loop):
+        if type(loop.program).__name__ == "Trainer":
+
+            def on_step_end(step, metrics, real=loop.on_step_end):
+                os.kill(os.getpid(), signal.SIGTERM)  # as `kill PID` would, mid-run
+                return real(step, metrics)
+
+            loop.on_step_end = on_step_end
+        return real_run(loop)
+
+    monkeypatch.setattr(RunLoop, "run", terminated)
+    out = tmp_path / "demo"
+    assert main(["demo", "--fast", "--out", str(out)]) == 143
+    captured = capsys.readouterr()
+    assert "lmrl demo: stopped by SIGTERM during GRPO after step 1 (its checkpoint is in " in (
+        captured.err
+    )
+    assert "lmrl demo finished" not in captured.out
+    assert (out / "rl" / "global_step_1").is_dir() and not (out / "rl" / "plot.png").exists()

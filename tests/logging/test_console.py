@@ -92,3 +92,9 @@ def test_one_or_many_sources_add_nothing_to_the_line():
     tracker.log(TWO_SOURCES, step=1)
     tracker.close()
     assert buf.getvalue().startswith("step 1/1  score 0.265 (digits 0.41 sort 0.12)  acc 0.2")
+
+
+def test_sft_validation_shows_the_score_beside_the_prior():
+    metrics = {"sft/loss": 0.55, "val/sft_loss": 0.61, "val/digits/acc": 0.3,
+               "val/digits/prior_acc": 0.31}  # fmt: skip
+    assert summarize(metrics) == "loss 0.55  val_loss 0.61  val/digits acc 0.3 prior 0.31"

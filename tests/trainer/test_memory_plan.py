@@ -231,6 +231,27 @@ def test_cli_table_and_json(models, capsys):
     assert [p["name"] for p in plan["phases"]][-1] == "actor update"
 
 
+def test_cli_shows_the_mixture_the_run_draws(models, capsys):
+    """``lmrl plan`` names the sources of ``data.mixture`` with their rules, from the same
+    plan the run's sampler is built from; a bad mixture is refused in one line."""
+    args = ["plan", f"model.path={models['small']}", "trainer.device=cpu",
+            "data.train_batch_size=8", "actor.ppo_mini_batch_size=8",
+            "+data.mixture.digits=[[1,1],[100,3]]",
+            "+data.mixture.sort=1"]  # fmt: skip
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "data: 8 prompts a step mixed from digits weight 1 -> 3 at steps 1, 100, " in out
+    assert "sort weight 1" in out
+    quotas = ["+data.mixture.digits={quota: 6}", "+data.mixture.sort={quota: 1}"]
+    assert main([*args[:5], *quotas]) == 2
+    assert "the quotas sum to 7, not the 8" in capsys.readouterr().err
+    assert main(args[:5]) == 0
+    assert "data: 8 prompts a step from one pool of the training rows" in capsys.readouterr().out
+    assert main([*args, "+data.curriculum={enable: true, mode: target}"]) == 0
+    out = capsys.readouterr().out
+    assert "sort weight 1; prompts by pass rate: target 0.5 (history 1)" in out
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

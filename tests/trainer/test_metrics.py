@@ -147,6 +147,28 @@ def test_per_source_metrics_of_a_two_source_batch_by_hand():
     assert all(documented(k) for k in out)
 
 
+def test_rows_no_reward_function_scored_are_out_of_the_score_statistics():
+    """Rows with ``scored_mask`` False (every reward function declined them) count in the
+    lengths but not in the scores, their means or their groups' spread; a source none of
+    whose rows was scored has no score mean at all."""
+    import torch
+
+    from lmrl.trainer.metrics import data_metrics, source_metrics
+
+    batch = two_source_batch()
+    batch["scored_mask"] = torch.tensor([True, False, False, False, True, True])
+    out = source_metrics({}, batch, max_response_length=4)
+    assert out["train/digits/score/mean"] == pytest.approx((1.0 + 0.5 + 0.5) / 3)
+    assert "train/sort/score/mean" not in out and "train/sort/score/zero_spread_frac" not in out
+    assert out["train/sort/response_length/mean"] == 4.0
+    assert out["train/digits/score/zero_spread_frac"] == 1.0  # group a is one row now: only b
+    batch_wide = data_metrics(batch, max_response_length=4)
+    assert batch_wide["critic/score/mean"] == pytest.approx(2.0 / 3)
+    assert batch_wide["critic/score/min"] == 0.5
+    assert batch_wide["critic/score/zero_spread_frac"] == 1.0
+    assert batch_wide["response_length/mean"] == pytest.approx(18 / 6)
+
+
 def test_a_single_source_batch_logs_nothing_per_source():
     import numpy as np
 

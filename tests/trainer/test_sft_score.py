@@ -5,6 +5,7 @@ built-in digits rows."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -176,3 +177,97 @@ def test_a_model_that_always_gives_the_commonest_answer_does_not_beat_the_prior(
         "'999', the commonest training answer): the model answers '999' to 12 of 12 validation "
         "prompts; train longer or check the data"
     )
+
+
+def test_val_split_holds_rows_out_of_training_and_scores_them(tmp_path, model_dir, digits):
+    """``data.val_split`` with no ``data.val_files``: the held-out rows are validated (loss and
+    greedy score) and never trained on; the prior comes from the trained rows only; the same
+    seed holds out the same rows."""
+    rows = pq.read_table(digits["train"]).to_pylist()
+    for row in rows:
+        row["reward_model"]["ground_truth"] = "111"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "train.parquet")
+    cfg = [f"model.path={model_dir}", f"data.train_files={tmp_path / 'train.parquet'}",
+           "data.response_from_ground_truth=true", "data.train_batch_size=8",
+           "data.val_split=12", "trainer.device=cpu", "trainer.logger=[]"]  # fmt: skip
+    parts = build_sft(load_sft_config(None, [*cfg, f"trainer.default_local_dir={tmp_path / 'a'}"]))
+    assert parts.held_out is not None and len(parts.held_out) == 12
+    assert len(parts.train_data) == 36 and parts.val_data is not None
+    assert len(parts.val_data) == 12
+    trained = {tuple(ids) for ids, _ in parts.train_data.examples}
+    assert not trained & {tuple(ids) for ids, _ in parts.val_data.examples}
+    again = build_sft(load_sft_config(None, [*cfg, f"trainer.default_local_dir={tmp_path / 'b'}"]))
+    assert again.held_out == parts.held_out
+    trainer = SFTTrainer(parts)
+    assert trainer.score is not None and trainer.score.active and len(trainer.score.rows) == 12
+    assert trainer.score.prior == "111"
+    metrics = trainer.validate()
+    assert {"val/sft_loss", "val/digits/acc", "val/digits/prior_acc"} <= set(metrics)
+    assert metrics["val/digits/prior_acc"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["data.val_split=0.2", "data.val_files=v.parquet"], "set one of them"),
+        (["data.val_split=1.5"], "must be a share in [0, 1) or a whole number of rows"),
+        (["data.val_split=-1"], "data.val_split=-1"),
+    ],
+)
+def test_bad_val_split_is_one_config_error(model_dir, digits, extra, message):
+    from lmrl.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_sft_config(None, [f"model.path={model_dir}", f"data.train_files={digits['train']}",
+                               *extra])  # fmt: skip
+
+
+def test_val_split_that_holds_out_no_row_names_the_counts(tmp_path, model_dir, digits):
+    from lmrl.errors import DataError
+
+    cfg = load_sft_config(None, [f"model.path={model_dir}", f"data.train_files={digits['train']}",
+                                 "data.response_from_ground_truth=true", "data.val_split=0.001",
+                                 f"trainer.default_local_dir={tmp_path}", "trainer.device=cpu",
+                                 "trainer.logger=[]"])  # fmt: skip
+    with pytest.raises(DataError, match=r"data.val_split=0.001 holds out 0 of the 48 training"):
+        build_sft(cfg)
+
+
+SCORE_FN = """
+calls = []
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    answer = solution_str.replace("<|im_end|>", "").strip()
+    if data_source == "broken":
+        raise RuntimeError("no scorer for this row")
+    return {"score": 0.5, "acc": float(answer == ground_truth)}
+"""
+
+
+def test_custom_reward_function_scores_rows_without_a_built_in_scorer(tmp_path, model_dir,
+                                                                      digits, caplog):  # fmt: skip
+    """``reward.custom_reward_function`` (the same keys as ``lmrl train``) scores greedy answers
+    of rows no built-in scorer knows; its ``acc`` is the score; a function that raises scores
+    0, said once."""
+    (tmp_path / "score.py").write_text(SCORE_FN)
+    rows = pq.read_table(digits["test"]).to_pylist()
+    for row in rows:
+        row["data_source"] = "my_task"
+    train = same_answer(digits["train"], tmp_path / "train.parquet", "777")
+    rows[0]["reward_model"]["ground_truth"] = "777"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "val.parquet")
+    fn = f"reward.custom_reward_function.path={tmp_path / 'score.py'}"
+    trainer = trainer_for(model_dir, train, tmp_path / "val.parquet", tmp_path / "r", fn)
+    assert trainer.score is not None and trainer.score.active
+    metrics = trainer.validate()
+    assert metrics["val/my_task/prior_acc"] == pytest.approx(1 / 12)  # acc, not the 0.5 score
+    assert 0.0 <= metrics["val/my_task/acc"] <= 1.0
+    for row in rows:
+        row["data_source"] = "broken"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "bad.parquet")
+    trainer = trainer_for(model_dir, train, tmp_path / "bad.parquet", tmp_path / "r2", fn)
+    with caplog.at_level(logging.WARNING, logger="lmrl.sft"):
+        metrics = trainer.validate()
+    assert metrics["val/broken/acc"] == 0.0 == metrics["val/broken/prior_acc"]
+    said = [r.getMessage() for r in caplog.records if "score function failed" in r.getMessage()]
+    assert len(said) == 1 and "no scorer for this row" in said[0]

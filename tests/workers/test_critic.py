@@ -103,3 +103,23 @@ def test_a_micro_batch_of_the_update_reads_nothing_back(
     monkeypatch.setattr(critic_module, "with_row_layout", lambda batch: batch)
     worker.update_critic(batch)
     assert any("trim_batch" in where for _, where in reads.reads)
+
+
+def test_rows_no_reward_scored_are_not_fitted(tiny_dir, batch_factory, critic_factory,
+                                              step_grads, grads_close):  # fmt: skip
+    """A row with ``scored_mask`` False has no return to fit: whatever its returns, the
+    critic's step is the same; with the mask gone, the same change moves the step."""
+    steps = step_grads(critic_module)
+    metrics = []
+    for unscored_return, with_mask in ((0.0, True), (100.0, True), (100.0, False)):
+        critic = critic_factory(_critic(tiny_dir, torch.float64), cliprange_value=10.0)
+        batch = _with_targets(batch_factory(), critic)
+        scored = torch.ones(len(batch), dtype=torch.bool)
+        scored[0] = False
+        batch["returns"][0] = torch.where(batch["response_mask"][0], unscored_return, 0.0)
+        if with_mask:
+            batch["scored_mask"] = scored
+        metrics.append(critic.update_critic(batch))
+    grads_close(steps[1], steps[0], tol=1e-9)
+    torch.testing.assert_close(metrics[1]["critic/vf_loss"], metrics[0]["critic/vf_loss"])
+    assert float(metrics[2]["critic/vf_loss"]) > 10 * float(metrics[0]["critic/vf_loss"])

@@ -201,19 +201,25 @@ def test_joining_a_cluster_with_token_authentication_without_the_token(tmp_path)
     import os
     from pathlib import Path
 
+    from tests.conftest import ray_start, ray_start_port
+
     from lmrl.workers.ray_cluster import kill_processes
 
-    port, temp_dir = free_port(), f"/tmp/lmrl-ray-tok-{os.getpid()}"
+    temp_dir = f"/tmp/lmrl-ray-tok-{os.getpid()}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env |= {"RAY_USAGE_STATS_ENABLED": "0", "HOME": str(tmp_path)}
     ray_bin = str(Path(sys.executable).with_name("ray"))
-    subprocess.run(
-        [ray_bin, "start", "--head", f"--port={port}", f"--temp-dir={temp_dir}",
+    # every port one the system picks as the server binds it: a port found free first could
+    # be taken by the GCS of a parallel test's local Ray, whose driver would then reach this
+    # token-protected head
+    head = ray_start(
+        [ray_bin, "start", "--head", "--port=0", f"--temp-dir={temp_dir}",
          "--include-dashboard=false", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-         "--num-gpus=0", "--disable-usage-stats"],
-        check=True, capture_output=True, timeout=120,
-        env=env | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "a" * 32},
+         "--num-gpus=0", "--disable-usage-stats", "--min-worker-port=0",
+         "--max-worker-port=0", "--dashboard-agent-listen-port=0"],
+        env | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "a" * 32},
     )  # fmt: skip
+    port = ray_start_port(head)
     try:
         code = textwrap.dedent(JOIN).format(address=f"127.0.0.1:{port}")
         # one connection attempt instead of Ray's 20 (1 s apart): the answer is the same

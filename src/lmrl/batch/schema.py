@@ -169,6 +169,10 @@ _GROUPS: dict[str, list[tuple]] = {
     "reward": [
         ("token_level_scores", _F32, "(B, T)", "token", "reward",
          "the reward, on each row's last generated token (a process reward: on several)"),
+        ("scored_mask", _BOOL, "(B,)", "sample", "reward",
+         "False on a row no reward function scored (each returned None): out of the "
+         "advantages' group statistics, of the loss and of the critic's value loss",
+         ("critic_update",)),
         ("reward_texts", "object", "(B,)", "column", "reward",
          "dict: the reward's text extras of the sample ({} without), for the generations log"),
         ("reward_baselines", _F32, "(B,)", "sample", "baseline",
@@ -184,8 +188,8 @@ _GROUPS: dict[str, list[tuple]] = {
          "rollout correction's importance weights pi_old / pi_rollout (truncated)",
          ("actor_update",)),
         ("loss_mask", _BOOL, "(B, T)", "token", "correction",
-         "the tokens that train: response_mask less rollout correction's rejected ones (SFT: "
-         "the data's trained tokens)", ("actor_update",)),
+         "the tokens that train: response_mask less rollout correction's rejected ones and "
+         "the rows no reward scored (SFT: the data's trained tokens)", ("actor_update",)),
     ],
     # ------------------------------------------------------------ values and advantages
     "advantage": [
@@ -258,6 +262,7 @@ TensorKey = Literal[
     "agent_obs_tokens",
     "agent_answered",
     "token_level_scores",
+    "scored_mask",
     "reward_baselines",
     "old_log_probs",
     "ref_log_probs",

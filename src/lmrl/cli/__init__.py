@@ -57,6 +57,28 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     p.set_defaults(func=commands._eval)
 
+    p = sub.add_parser(
+        "serve", help="an OpenAI-compatible endpoint over a model, a run or a checkpoint",
+        description="Serve POST /v1/chat/completions, /v1/completions and GET /v1/models over "
+        "a model directory, a run directory (its final model, else its latest checkpoint) or a "
+        "checkpoint, until Ctrl-C or SIGTERM; prints OPENAI_BASE_URL and OPENAI_API_KEY. "
+        "docs/agents.md.",
+    )  # fmt: skip
+    p.add_argument("path", type=Path, metavar="RUN_DIR_OR_MODEL")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="port (default: %(default)s; 0 = one the system picks)")  # fmt: skip
+    p.add_argument("--api-key", default=None,
+                   help="the key clients send (default: $LMRL_API_KEY, else a new one)")  # fmt: skip
+    p.add_argument("--model-name", default=None,
+                   help="the model name requests give (default: the directory's name)")  # fmt: skip
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="most tokens of a prompt and its completion (default: the model's)")  # fmt: skip
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1... (default: auto)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16... (default: the device's)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed of unseeded requests")
+    p.set_defaults(func=commands._serve)
+
     _add_config_command(sub, "sft", "supervised fine-tuning (warm start)", commands._sft, "SFT ")
 
     _add_config_command(
@@ -95,7 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tiny-model", help="build a small model and tokenizer locally")
     p.add_argument("out_dir", type=Path)
-    p.add_argument("--arch", default="qwen2", choices=["qwen2", "llama"])
+    p.add_argument("--arch", default="qwen2",
+                   choices=["qwen2", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"],
+                   help="qwen2_vl, qwen2_5_vl, qwen3_vl: a vision-language model with its "
+                   "processor")  # fmt: skip
     p.add_argument("--size", default="tiny", help="tiny (~100k), small (~2M), base (~20M)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -4,6 +4,7 @@ its package only when it runs (`lmrl.cli.build_parser` wires them to their argum
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from lmrl.errors import DataError, LmrlError, ModelError
@@ -23,9 +24,17 @@ def _refuse_non_empty(out: Path, force: bool, what: str, error: type[LmrlError])
 
 def _tiny_model(args: argparse.Namespace) -> int:
     from lmrl.models.tiny import build_tiny_model
+    from lmrl.models.tiny_vl import VL_ARCHS, build_tiny_vl_model
 
     out = args.out_dir
+    if args.arch in VL_ARCHS and args.size != "tiny":
+        raise ModelError(f"--size {args.size}: a {args.arch} model is built in one size (tiny)")
     _refuse_non_empty(out, args.force, "model", ModelError)
+    if args.arch in VL_ARCHS:
+        path = build_tiny_vl_model(out, arch=args.arch, seed=args.seed)
+        print(f"tiny {args.arch} model and its processor written to {path}")
+        print("training on image prompts is not wired yet: docs/vision.md says what is")
+        return 0
     path = build_tiny_model(out, arch=args.arch, size=args.size, seed=args.seed)
     print(f"tiny {args.arch} model ({args.size}) written to {path}")
     print(TINY_NEXT.format(model=path))
@@ -327,11 +336,22 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    """``lmrl demo``: 0 when it finished; 130/143 when a signal stopped one of its runs (its
+    checkpoint saved), said in one line, the demo's next stages not started."""
     import logging
 
+    from lmrl.demos.folder import DemoStopped
     from lmrl.logging.configure import configure_logging
 
     configure_logging(logging.WARNING)
+    try:
+        return _run_demo(args)
+    except DemoStopped as stopped:
+        print(f"lmrl demo: {stopped}", file=sys.stderr, flush=True)
+        return stopped.exit_code
+
+
+def _run_demo(args: argparse.Namespace) -> int:
     if args.task == "flow":
         from lmrl.demos.flow import run_flow_demo
 
@@ -410,6 +430,100 @@ def _eval(args: argparse.Namespace) -> int:
 
     metrics = evaluate(cfg, checkpoint)
     print(json.dumps({"checkpoint": str(checkpoint), **metrics}, indent=1))
+    return 0
+
+
+def _servable(path: Path):
+    """(model directory, a loader of checkpoint weights over it or None, what it is): a model
+    directory; a run directory's ``final`` model, else its latest checkpoint; a checkpoint."""
+    from lmrl.errors import CheckpointError
+
+    if (path / "config.json").is_file():
+        return str(path), None, f"the model {path}"
+    run_dir = path if (path / "config.yaml").is_file() else path.parent
+    if not (run_dir / "config.yaml").is_file():
+        if path.exists():
+            raise CheckpointError(
+                f"{path} is neither a model directory (config.json), a run directory "
+                "(config.yaml) nor a checkpoint (global_step_N) inside one"
+            )
+        return str(path), None, f"the model {path}"  # a hub id, or the loader's own error
+    if run_dir == path and (path / "final" / "config.json").is_file():
+        return str(path / "final"), None, f"the final model of the run {path}"
+    from lmrl.run.checkpoint import latest_checkpoint, load_model_state
+    from lmrl.run.resume import run_owner
+
+    owner = run_owner(run_dir)
+    if owner not in (None, "lmrl train"):
+        raise CheckpointError(
+            f"{run_dir} was made by `{owner}` and has no final model yet: `lmrl serve` takes "
+            "a final model (RUN_DIR/final) or a checkpoint of `lmrl train`"
+        )
+    checkpoint = latest_checkpoint(path) if run_dir == path else path
+    weights = checkpoint / "actor.safetensors" if checkpoint is not None else None
+    if weights is None or not weights.is_file():
+        raise CheckpointError(
+            f"{path}: no final model and no checkpoint with the actor's weights "
+            "(global_step_N/actor.safetensors)"
+        )
+    import yaml
+
+    model = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("model") or {}
+    if (model.get("lora_rank") or 0) > 0:
+        raise CheckpointError(
+            f"{checkpoint} holds LoRA weights: serve the run's final model (RUN_DIR/final, "
+            "the adapter merged), written when the run ends"
+        )
+    if not model.get("path"):
+        raise CheckpointError(f"{run_dir / 'config.yaml'} names no model.path")
+    load = lambda m: load_model_state(m, weights)  # noqa: E731
+    return str(model["path"]), load, f"the checkpoint {checkpoint}"
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+    import os
+    import signal
+    import threading
+
+    from lmrl.logging.configure import configure_logging
+
+    configure_logging(logging.WARNING)
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+
+        from lmrl.serve import load_endpoint, serve_in_thread
+    except ImportError as err:
+        raise LmrlError(
+            f"lmrl serve needs the serve extra ({err.name} is missing): pip install 'lmrl[serve]'"
+        ) from None
+    model_path, load_weights, what = _servable(args.path)
+    endpoint = load_endpoint(
+        model_path, load_weights=load_weights, device=args.device, dtype=args.dtype,
+        model_name=args.model_name or args.path.resolve().name,
+        context_length=args.max_model_len, seed=args.seed,
+    )  # fmt: skip
+    episode = endpoint.open_episode("serve", key=args.api_key or os.environ.get("LMRL_API_KEY"))
+    try:
+        running = serve_in_thread(endpoint, args.host, args.port)
+    except OSError as err:
+        raise LmrlError(f"{err}; give another --host/--port (--port 0: any free one)") from None
+    stop = threading.Event()
+    handlers = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    print(f"serving {what} as model {endpoint.model_name!r} (Ctrl-C stops)")
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"listening on {args.host}: whoever reaches this machine with the key may use it")
+    print(f"OPENAI_BASE_URL={running.base_url}")
+    print(f"OPENAI_API_KEY={episode.key}", flush=True)
+    try:
+        while not stop.wait(0.2) and running.thread.is_alive():
+            pass
+    finally:
+        running.close()
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+    print("stopped", flush=True)
     return 0
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from lmrl.config import names as builtin
 from lmrl.config.async_training import check_async
+from lmrl.config.curriculum import check_curriculum
 from lmrl.config.errors import ConfigError
 from lmrl.config.fields import get_path as _get
 from lmrl.config.mixture import parse_mixture
@@ -542,6 +543,7 @@ CHECKS: tuple[Callable[[Config, Findings], None], ...] = (
     check_registries,
     check_ranges,
     check_mixture,
+    check_curriculum,
     check_batch_sizes,
     check_rollout,
     check_reward,

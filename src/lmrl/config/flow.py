@@ -294,6 +294,12 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
         ("actor.ppo_epochs", lambda x: x >= 1, "must be >= 1"),
         ("actor.max_grad_norm", lambda x: x > 0, "must be > 0"),
         ("actor.optim.lr", lambda x: x >= 0, "must be >= 0"),
+        ("actor.optim.weight_decay", lambda x: x >= 0, "must be >= 0"),
+        (
+            "actor.optim.betas",
+            lambda x: len(x) == 2 and all(0 <= b < 1 for b in x),
+            "must be two numbers in [0, 1), e.g. [0.9, 0.999]",
+        ),
         ("reward.max_error_fraction", lambda x: x >= 0, "must be >= 0 (> 1 = never stop)"),
         *RUN_CHECKS,
         ("trainer.val_images_per_prompt", lambda x: x >= 1, "must be >= 1"),

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from lmrl.config.async_training import AsyncTrainingConfig
+from lmrl.config.curriculum import CurriculumOptions
 from lmrl.config.reward import (
     CustomRewardFunctionConfig,
     OverlongBufferConfig,
@@ -68,6 +69,11 @@ class DataConfig:
         "...] (linear between points, constant past the ends), or -> {quota: N} (exactly N "
         "prompts a step, every source then). A source is a train file (path, file name or "
         "name without suffix) or a data_source value; {} = all train_files as one pool.",
+    )
+    curriculum: dict[str, Any] = options(
+        CurriculumOptions,
+        "Difficulty-aware sampling: prompts chosen by their recent pass rate, within each "
+        "source of data.mixture (docs/learning.md); set one as data.curriculum.NAME.",
     )
     prompt_key: str = opt("prompt", "Column holding the prompt (chat messages or a string).")
     prompt_template: Literal["chat", "verbatim"] = opt(

@@ -1,7 +1,8 @@
 """The configuration of ``lmrl sft``: supervised fine-tuning before RL (the warm start).
 
-``SFTConfig`` has four sections: ``data`` (the files, their layout, lengths and batch sizes),
-``model`` (the RL schema's ``ModelConfig``), ``optim`` (the RL ``OptimConfig`` plus
+``SFTConfig`` has five sections: ``data`` (the files, their layout, lengths and batch sizes),
+``model`` (the RL schema's ``ModelConfig``), ``reward`` (the score function of validation's
+greedy answers, the RL run's ``reward.custom_reward_function``), ``optim`` (the RL ``OptimConfig`` plus
 ``grad_clip``) and ``trainer`` (length, run directory, checkpoints, validation, logging).
 ``load_sft_config`` loads it with the same machinery as ``lmrl train`` (YAML file, dotted
 ``key=value`` overrides, each value converted to its key's type as it is read, did-you-mean on
@@ -34,9 +35,10 @@ from lmrl.config.errors import ConfigError
 from lmrl.config.fields import get_path
 from lmrl.config.help import key_lines, rename_lines
 from lmrl.config.loader import ConfigKind, load_config
+from lmrl.config.reward import CustomRewardFunctionConfig
 from lmrl.config.run import RUN_CHECKS, RunSettings, default_of, opt
 from lmrl.config.schema import ModelConfig, OptimConfig
-from lmrl.config.validate import range_errors, resolve_run_paths
+from lmrl.config.validate import expand_user, range_errors, resolve_run_paths
 from lmrl.config.verl import SFT, renames, translate, verl_spellings
 
 # ------------------------------------------------------------------------------------------
@@ -52,7 +54,12 @@ class SFTDataConfig:
         None, "Training examples: a parquet/JSONL/JSON file or saved dataset, or a list of them."
     )
     val_files: str | list[str] | None = opt(
-        None, "Validation examples (same layout); null = no validation loss."
+        None, "Validation examples (same layout); null = data.val_split, or no validation."
+    )
+    val_split: float = opt(
+        0.0,
+        "With no data.val_files: hold this share (< 1) or this number (>= 1) of the training "
+        "rows out for validation, drawn with data.seed; 0 = none.",
     )
     prompt_key: str = opt(
         "prompt",
@@ -105,6 +112,17 @@ class SFTDataConfig:
 
 
 @dataclass
+class SFTRewardConfig:
+    """How validation scores greedy answers (rows with a ground truth, or any row with a
+    score function): the built-in scorers, or the function ``lmrl train`` is given."""
+
+    custom_reward_function: CustomRewardFunctionConfig = opt(
+        CustomRewardFunctionConfig(),
+        "User score function, as in lmrl train (reward.custom_reward_function).",
+    )
+
+
+@dataclass
 class SFTOptimConfig(OptimConfig):
     """AdamW with linear warmup, a constant or cosine schedule, and gradient clipping."""
 
@@ -125,10 +143,11 @@ class SFTTrainerConfig(RunSettings):
 
 @dataclass
 class SFTConfig:
-    """A supervised fine-tuning run (``lmrl sft``): data, model, optimizer, run."""
+    """A supervised fine-tuning run (``lmrl sft``): data, model, scoring, optimizer, run."""
 
     data: SFTDataConfig = opt(SFTDataConfig(), "Examples.")
     model: ModelConfig = opt(ModelConfig(), "The model fine-tuned.")
+    reward: SFTRewardConfig = opt(SFTRewardConfig(), "Scoring of greedy validation answers.")
     optim: SFTOptimConfig = opt(
         SFTOptimConfig(lr=1e-4, lr_warmup_steps_ratio=0.05, lr_scheduler="cosine"),
         "Optimizer and schedule.",
@@ -151,6 +170,8 @@ def resolve_sft_config(cfg: SFTConfig) -> SFTConfig:
     """
     cfg = copy.deepcopy(cfg)
     resolve_run_paths(cfg)
+    fn = cfg.reward.custom_reward_function
+    fn.path = expand_user(fn.path)
     return cfg
 
 
@@ -167,6 +188,11 @@ def validate_sft_config(cfg: SFTConfig, *, notices: list[str] | None = None) -> 
         ("data.max_length", lambda x: x >= 2, "must be >= 2 (a prompt token and a response token)"),
         ("data.train_batch_size", lambda x: x >= 1, "must be >= 1"),
         ("data.micro_batch_size", lambda x: x is None or x >= 1, "must be >= 1 (or null)"),
+        (
+            "data.val_split",
+            lambda x: x >= 0 and (x < 1 or x == int(x)),
+            "must be a share in [0, 1) or a whole number of rows",
+        ),
         ("model.lora_rank", lambda x: x >= 0, "must be >= 0 (0 = full fine-tuning)"),
         ("optim.lr", lambda x: x >= 0, "must be >= 0"),
         ("optim.weight_decay", lambda x: x >= 0, "must be >= 0"),
@@ -187,6 +213,11 @@ def validate_sft_config(cfg: SFTConfig, *, notices: list[str] | None = None) -> 
     for key in ("data.prompt_key", "data.response_key", "data.messages_key"):
         if not get_path(cfg, key):
             errors.append(f"{key} must name a column, got an empty string")
+    if cfg.data.val_split and cfg.data.val_files:
+        errors.append(
+            f"data.val_split={cfg.data.val_split!r} holds training rows out for validation, "
+            f"but data.val_files={cfg.data.val_files!r} is validation already; set one of them"
+        )
     if cfg.data.mask_pattern is not None:
         try:
             re.compile(cfg.data.mask_pattern)
@@ -246,6 +277,7 @@ __all__ = [
     "SFTConfig",
     "SFTDataConfig",
     "SFTOptimConfig",
+    "SFTRewardConfig",
     "SFTTrainerConfig",
     "format_sft_help",
     "load_sft_config",

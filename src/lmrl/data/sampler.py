@@ -110,8 +110,14 @@ class PromptSampler:
         Raises:
             CheckpointError: a state from another dataset size, seed or shuffle setting, an
                 offset past the end of an epoch, or a state of mixed sources
-                (`lmrl.data.mixture.MixtureSampler`).
+                (`lmrl.data.mixture.MixtureSampler`) or of a curriculum
+                (`lmrl.data.curriculum.CurriculumSampler`).
         """
+        if "curriculum" in state:
+            raise CheckpointError(
+                "the checkpoint's sampler chooses prompts by pass rate (data.curriculum); "
+                "resume with data.curriculum.enable=true and the settings it was saved with"
+            )
         if "mixture" in state:
             raise CheckpointError(
                 "the checkpoint's sampler mixes sources (data.mixture); resume with the "

@@ -217,6 +217,8 @@ class SFTDataset:
         truncation: for longer examples: ``"error"`` (raise, naming the row), ``"right"`` (cut
             the end) or ``"left"`` (cut the start). An example left with no trained token is
             dropped (counted in ``stats["dropped"]``).
+        keep: ``keep(file, row)`` says whether a row is read (``row`` 0-based in its file;
+            a held-out split, `held_out_rows`); None = every row.
 
     Attributes:
         examples: ``(input_ids, loss_mask)`` per example: lists of ints and bools, the mask
@@ -243,6 +245,7 @@ class SFTDataset:
         max_length: int | None = None,
         truncation: str = "error",
         prompt_template: str = "chat",
+        keep: Callable[[str, int], bool] | None = None,
     ) -> None:
         if truncation not in TRUNCATIONS:
             raise ValueError(f"truncation must be one of {list(TRUNCATIONS)}, got {truncation!r}")
@@ -265,6 +268,8 @@ class SFTDataset:
         message_prompts = False
         for path in paths:
             for i, raw in enumerate(_as_data_error(read_records, path)):
+                if keep is not None and not keep(str(path), i):
+                    continue
                 at = f"{path}: row {i}"
                 segments = row_segments(
                     raw, tokenizer, at, prompt_key=prompt_key, response_key=response_key,
@@ -412,11 +417,40 @@ def _drop_untrained_tail(input_ids: list[int], loss_mask: list[bool]) -> None:
         input_ids.pop()
 
 
+def held_out_rows(
+    paths: str | Path | Sequence[str | Path], split: float, seed: int
+) -> frozenset[tuple[str, int]]:
+    """The rows ``data.val_split`` holds out of the training files for validation.
+
+    Args:
+        paths: the training files, in order.
+        split: a share of their rows (< 1, rounded to the nearest row) or a number of rows.
+        seed: the draw's seed (the same rows for the same files and seed, on every machine).
+
+    Returns:
+        The held-out rows as ``(file, row)`` pairs (``row`` 0-based in its file).
+
+    Raises:
+        DataError: the split holds out no row, or every row.
+    """
+    paths = [paths] if isinstance(paths, str | Path) else list(paths)
+    origins = [(str(p), i) for p in paths for i in range(len(_as_data_error(read_records, p)))]
+    n = round(split * len(origins)) if split < 1 else int(split)
+    if not 1 <= n < len(origins):
+        raise DataError(
+            f"data.val_split={split:g} holds out {n} of the {len(origins)} training rows; "
+            "it must leave at least one row on each side"
+        )
+    order = torch.randperm(len(origins), generator=torch.Generator().manual_seed(seed))
+    return frozenset(origins[i] for i in order[:n].tolist())
+
+
 __all__ = [
     "TRUNCATIONS",
     "SFTDataset",
     "Segment",
     "chat_segments",
+    "held_out_rows",
     "mask_segments",
     "row_segments",
 ]

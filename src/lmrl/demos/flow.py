@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from lmrl.demos.digits import DEMO_KEY, SUMMARY_FILE, demo_dir
+from lmrl.demos.folder import DEMO_KEY, SUMMARY_FILE, DemoStopped, demo_dir
 
 log = logging.getLogger("lmrl.flow")
 
@@ -77,7 +77,7 @@ def run_flow_demo(
 
     Raises:
         DataError: ``out_dir`` is not new, empty or a previous demo's (refused before any
-            work, untouched; `lmrl.demos.digits.demo_dir`).
+            work, untouched; `lmrl.demos.folder.demo_dir`).
     """
     out = Path(out_dir)
     with demo_dir(out, "flow"):
@@ -138,6 +138,7 @@ def _run(  # the demo, in the directory `demo_dir` made ready
     say(f"Flow-GRPO: {cfg.trainer.total_training_steps} steps of "
         f"{cfg.data.train_batch_size} prompts x {cfg.sampler.n} images...")  # fmt: skip
     history = trainer.fit()
+    DemoStopped.check(trainer, "Flow-GRPO")
     done = time.perf_counter()
     val = trainer.validations
     source = trainer.val_prompts[0]["data_source"]

@@ -33,7 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lmrl.demos.digits import DEMO_KEY, _key, _yaml_str, demo_dir, run_rl, run_sft
+from lmrl.demos.digits import _key, _yaml_str, run_rl, run_sft
+from lmrl.demos.folder import DEMO_KEY, demo_dir
 
 __all__ = ["run_search_demo", "write_search_data"]
 

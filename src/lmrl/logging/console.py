@@ -45,7 +45,10 @@ SUMMARY_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("grad_norm", ("sft/grad_norm",)),
     ("lr", ("sft/lr",)),
 )
-_VAL_KEY = re.compile(r"^val/(?P<source>.+?)/(?P<name>acc|mean@\d+|pass@\d+|reward/mean)$")
+_VAL_KEY = re.compile(
+    r"^val/(?P<source>.+?)/(?P<name>acc|prior_acc|mean@\d+|pass@\d+|reward/mean)$"
+)
+_VAL_LABEL = {"reward/mean": "reward", "prior_acc": "prior"}
 _TRAIN_SCORE = re.compile(r"^train/(?P<source>.+)/score/mean$")
 MAX_SOURCES_SHOWN = 4  # more sources than this: the line keeps the batch's score only
 
@@ -119,7 +122,7 @@ def summarize(metrics: Mapping[str, float]) -> str:
     for key, value in metrics.items():
         match = _VAL_KEY.match(key)
         if match:
-            name = "reward" if match["name"] == "reward/mean" else match["name"]
+            name = _VAL_LABEL.get(match["name"], match["name"])
             by_source.setdefault(match["source"], []).append(f"{name} {_fmt(value)}")
     parts += [f"val/{source} " + " ".join(items) for source, items in by_source.items()]
     return "  ".join(parts)

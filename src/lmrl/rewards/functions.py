@@ -5,8 +5,10 @@ Three calling conventions are accepted, told apart by one documented rule:
 - **per sample** (verl's ``compute_score``): ``fn(data_source, solution_str, ground_truth,
   extra_info, **kwargs) -> float | dict``, a dict holding ``"score"`` plus extra values;
 - **batched** (TRL's reward functions): ``fn(prompts, completions, **columns) -> list[float |
-  None]`` with one entry per completion; ``None`` means "no score for this sample" (it costs
-  the sample a 0 and is counted). The columns passed are ``data_source``, ``ground_truth``,
+  None]`` with one entry per completion; ``None`` means "this function does not score this
+  sample" (TRL's convention: the sample's reward is the sum of the functions that do, and a
+  sample no function scores is left out of training and counted, see
+  ``lmrl.rewards.managers``). The columns passed are ``data_source``, ``ground_truth``,
   ``extra_info``, ``completion_ids`` and ``uid`` when the batch has it;
 - **verl's batch** (the scorer of verl's ``BatchRewardManager``): ``fn(data_sources,
   solution_strs, ground_truths, extra_infos, **kwargs) -> list[float | dict]``, called with
@@ -22,8 +24,9 @@ is an error asking for ``batched=``. Arguments a function does not declare (and 
 through ``**kwargs``) are not passed, so ``fn(solution_str, ground_truth)`` works.
 
 Everything that comes back is checked here (`normalize_value`): a number or 0-d array, or a
-dict with a finite ``"score"``; anything else (NaN, inf, a string, ``None`` from a per-sample
-function, a list of the wrong length) is an error for that sample, with a message that says
+dict with a finite ``"score"`` (``{"score": None}``: the function does not score the sample,
+as a batched function's ``None``); anything else (NaN, inf, a string, a bare ``None`` from a
+per-sample function, a list of the wrong length) is an error for that sample, with a message that says
 what came back (``returned None``, ``a dict without 'score'``, ``returned 3 scores for 8
 samples``). These helpers never raise: they return an `Outcome` per sample, so the worker
 processes and the in-process path share them. Loading a function (a missing file, an import
@@ -36,7 +39,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -53,9 +56,9 @@ VERL_BATCH_ARGS = ("data_sources", "solution_strs", "ground_truths", "extra_info
 class Outcome(NamedTuple):
     """What one reward function gave one sample.
 
-    ``status`` is ``"ok"`` (``score`` and ``extras`` valid), ``"none"`` (a batched function
-    returned None), ``"error"`` or ``"timeout"`` (``message`` says why); the score is 0.0
-    unless ``"ok"``.
+    ``status`` is ``"ok"`` (``score`` and ``extras`` valid), ``"none"`` (the function does not
+    score the sample: a batched function's None, or ``{"score": None}``; its extras kept),
+    ``"error"`` or ``"timeout"`` (``message`` says why); the score is 0.0 unless ``"ok"``.
     """
 
     status: str
@@ -221,7 +224,7 @@ class RewardFunction:
         return normalize_value(value, self.name)
 
     def call_batched(
-        self, prompts: Sequence[Any], completions: Sequence[str], columns: dict[str, Sequence]
+        self, prompts: Sequence[Any], completions: Sequence[str], columns: Mapping[str, Sequence]
     ) -> list[Outcome]:
         """Call a batched function on ``len(completions)`` samples; never raises."""
         n = len(completions)
@@ -279,8 +282,9 @@ def normalize_value(value: Any, who: str) -> Outcome:
     """Check what a reward function returned and turn it into an `Outcome`.
 
     A number (or 0-d array) is the score; a dict needs a ``"score"``, and its other entries
-    become extras (numbers as floats, None kept, anything else as its ``str``). A score that
-    is not finite, a missing ``"score"`` or another type is an ``"error"`` outcome.
+    become extras (numbers as floats, None kept, anything else as its ``str``); a dict whose
+    ``"score"`` is None is a ``"none"`` outcome (the function does not score the sample). A
+    score that is not finite, a missing ``"score"`` or another type is an ``"error"`` outcome.
     """
     extras: dict[str, Any] = {}
     if isinstance(value, dict):
@@ -294,6 +298,8 @@ def normalize_value(value: Any, who: str) -> Outcome:
                 as_float if as_float is not None else (None if item is None else str(item))
             )
         value = value["score"]
+        if value is None:
+            return Outcome("none", 0.0, extras)
     score = _as_float(value)
     if value is None:
         return failed("error", f"{who} returned None, expected a number or a dict with 'score'")

@@ -18,7 +18,12 @@ Robustness is the design choice: a reward function that raises, hangs, returns N
 wrong type or None, a dict without ``score``, a batch of the wrong length, or whose worker
 process dies costs that sample a 0 from that function and a count in ``reward/errors`` or
 ``reward/timeouts`` (out of ``reward/scored``); a batched function's None for one sample
-("no score", TRL's convention) counts in ``reward/no_score``. The first error and the first
+(or a per-sample ``{"score": None}``: "this function does not score this sample", TRL's
+convention) counts in ``reward/no_score`` and adds nothing to the sample's sum. A sample that
+no function scores is unscored: ``RewardResult.scored`` is False on it, its extras' ``score``
+is NaN (out of the score means), it counts in ``reward/unscored`` (and
+``train/<source>/unscored``), and the trainer leaves it out of the advantages' group
+statistics and of the loss (``lmrl.trainer.stages.record``). The first error and the first
 timeout are logged once per manager on ``logging.getLogger("lmrl.rewards")``.
 
 A reward that fails on (nearly) every sample is a bug, not noise: on the manager's first call,
@@ -244,14 +249,17 @@ class RewardManager:
             completion_ids=ids,
             uids=column("uid") if "uid" in batch else None,
         )
+        scored = np.isfinite(scores)  # NaN: no reward function scored the sample
+        scores = np.where(scored, scores, 0.0)
         lengths = mask.sum(dim=-1)  # DAPO's overlong budget counts every response token
-        scores = self._adjust(scores, lengths.cpu().numpy(), T, extras, metrics)
+        scores = np.where(scored, self._adjust(scores, lengths.cpu().numpy(), T, extras, metrics),
+                          0.0)  # fmt: skip
         token_level_scores = torch.zeros(B, T, dtype=torch.float32, device=responses.device)
         last = last_true(trained).to(responses.device)
         token_level_scores[torch.arange(B, device=responses.device), last] = torch.as_tensor(
             scores, dtype=torch.float32, device=responses.device
         )
-        return RewardResult(token_level_scores, extras, metrics)
+        return RewardResult(token_level_scores, extras, metrics, scored=scored)
 
     def _adjust(
         self,
@@ -284,7 +292,8 @@ class RewardManager:
             uids: B group ids, passed to batched functions when given.
 
         Returns:
-            ``(scores (B,) float64, extras, metrics)`` as in `RewardResult`.
+            ``(scores (B,) float64, extras, metrics)`` as in `RewardResult`; a score is NaN
+            where no reward function scored the sample (each returned None).
 
         Raises:
             RewardError: on the first call, a function failed on at least
@@ -335,6 +344,7 @@ class RewardManager:
         self, table: list[list[Outcome]], n: int, data_sources: Sequence[Any], restarts_before: int
     ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, float]]:
         scores = np.zeros(n, dtype=np.float64)
+        applies = np.zeros(n, dtype=bool)  # some function scored the sample (or failed on it)
         counts = {"error": 0, "timeout": 0, "none": 0}
         errors_of = dict.fromkeys((str(s) for s in data_sources), 0)  # per data source
         raw: dict[str, list[Any]] = {}
@@ -343,6 +353,7 @@ class RewardManager:
             prefix = f"{rf.name}/" if several else ""
             failed = [i for i, o in enumerate(row) if o.status in ("error", "timeout")]
             for i, o in enumerate(row):
+                applies[i] |= o.status != "none"
                 if o.status == "ok":
                     scores[i] += rf.weight * o.score
                 else:
@@ -367,6 +378,7 @@ class RewardManager:
                     raw.setdefault(prefix + key, [None] * n)[i] = value
             self._check_failures(rf, row, failed, data_sources)
         self.calls += 1
+        scores[~applies] = np.nan
         extras = {key: column(values) for key, values in raw.items()}
         extras["score"] = scores.copy()
         restarts = (self._pool.restarts if self._pool is not None else 0) - restarts_before
@@ -375,10 +387,15 @@ class RewardManager:
             "reward/errors": float(counts["error"]),
             "reward/timeouts": float(counts["timeout"]),
             "reward/no_score": float(counts["none"]),
+            "reward/unscored": float((~applies).sum()),
             "reward/worker_restarts": float(restarts),
         }
         # reward/errors by data source; the trainer keeps them for a batch of 2+ sources
         metrics |= {f"train/{s}/reward_errors": float(k) for s, k in errors_of.items()}
+        unscored_of = dict.fromkeys(errors_of, 0)
+        for i in np.flatnonzero(~applies):
+            unscored_of[str(data_sources[i])] += 1
+        metrics |= {f"train/{s}/unscored": float(k) for s, k in unscored_of.items()}
         return scores, extras, metrics
 
     def _check_failures(

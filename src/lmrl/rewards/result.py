@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RewardResult", "column", "merge_results", "split_extras"]
+__all__ = ["RewardResult", "column", "merge_results", "scored_rows", "split_extras"]
 
 
 @dataclass
@@ -27,17 +27,36 @@ class RewardResult:
             array of str or None, see `split_extras`), ``overlong_penalty`` for ``dapo``.
         metrics: batch-level counts: ``reward/scored`` (samples times reward functions),
             ``reward/errors``, ``reward/timeouts``, ``reward/no_score`` (out of
-            ``reward/scored``), ``reward/worker_restarts``.
+            ``reward/scored``), ``reward/unscored`` (samples no function scored),
+            ``reward/worker_restarts``.
+        scored: (B,) bool, False on a sample no reward function scored (each returned None:
+            it does not apply); such a sample's score is 0 and is not trained on. None = all
+            scored.
     """
 
     token_level_scores: torch.Tensor
     extras: dict[str, np.ndarray]
     metrics: dict[str, float]
+    scored: np.ndarray | None = None
+
+    @property
+    def scored_mask(self) -> np.ndarray:
+        """(B,) bool: ``scored``, all True when it is None."""
+        return scored_rows(self)
 
     @property
     def scores(self) -> torch.Tensor:
         """(B,) the final score of each sample (the row sums of ``token_level_scores``)."""
         return self.token_level_scores.sum(dim=-1)
+
+
+def scored_rows(result: Any) -> np.ndarray:
+    """(B,) bool: the rows of a reward's result that some function scored (its ``scored``;
+    all True for a result without one, e.g. a stand-in reward's)."""
+    scored = getattr(result, "scored", None)
+    if scored is None:
+        return np.ones(len(result.token_level_scores), dtype=bool)
+    return np.asarray(scored, dtype=bool)
 
 
 def split_extras(
@@ -88,9 +107,9 @@ def merge_results(results: Sequence[RewardResult], width: int | None = None) -> 
             apart are as wide as their own longest response).
         width: the merged ``T``; default the widest. Scores are right-padded with zeros.
     Returns:
-        Scores, extras and counters of every row: a key one block lacks (an extra no sample of
-        it returned) is None on that block's rows (numbers and None stay a numeric extra), and
-        the counters are summed.
+        Scores, extras, counters and ``scored`` of every row: a key one block lacks (an extra
+        no sample of it returned) is None on that block's rows (numbers and None stay a
+        numeric extra), and the counters are summed.
     """
     width = max(r.token_level_scores.shape[1] for r in results) if width is None else width
     if len(results) == 1 and results[0].token_level_scores.shape[1] == width:
@@ -105,7 +124,10 @@ def merge_results(results: Sequence[RewardResult], width: int | None = None) -> 
     for r in results:
         for k, v in r.metrics.items():
             metrics[k] = metrics.get(k, 0.0) + float(v)
-    return RewardResult(token_level_scores=scores, extras=extras, metrics=metrics)
+    scored = None
+    if any(getattr(r, "scored", None) is not None for r in results):
+        scored = np.concatenate([scored_rows(r) for r in results])
+    return RewardResult(token_level_scores=scores, extras=extras, metrics=metrics, scored=scored)
 
 
 def _extra_column(result: RewardResult, key: str) -> np.ndarray:

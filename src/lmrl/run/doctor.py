@@ -2,13 +2,15 @@
 validated checkpoint and on at a lower learning rate.
 
 The health checks (`lmrl.run.health`) only say what they see. With ``trainer.max_rollbacks``
-> 0 the run acts on one of them, the collapse (the policy's entropy under a floor while validation
-falls from its best), because that one has a known good state to return to and a known change:
+> 0 the run acts on two of them, the collapse (the policy's entropy under a floor while
+validation falls from its best) and the divergence (the entropy climbing steadily while the
+score falls), both flagged in ``RunHealth.collapse``, because they have a known good state to
+return to and a known change:
 
 1. **Keep the best.** Every validation that beats the best so far is saved as a checkpoint
    (the validation before the first step as ``global_step_0``), ``max_ckpt_to_keep`` never
    prunes the best one, and ``run_dir/best_validation.json`` names it for a resumed run.
-2. **Roll back.** On a collapse, the checkpoints of the abandoned steps move to
+2. **Roll back.** On a collapse or a divergence, the checkpoints of the abandoned steps move to
    ``run_dir/rolled_back/<n>/`` (kept, never deleted; a resume then continues from the best
    one), the program loads the best checkpoint (weights, optimizer, data position, RNGs), and
    the actor's learning rate is multiplied by ``trainer.rollback_lr_factor``. The lower rate

@@ -9,10 +9,17 @@ polishes partial credit), or the policy's samples score far below its validation
 will spend its first steps sharpening toward what greedy decoding already does), or validation
 does not move at all over several validations whatever the train score does, or the policy
 collapses (its entropy under a floor while validation falls from its best), or the reward
-climbs while the responses run to the length limit (the common reward hack). `RunHealth`
+climbs while the responses run to the length limit (the common reward hack), or the entropy
+climbs steadily while the score falls (a divergence). Two causes are named at the first
+validation already (before the first step): the policy's validation score does not beat the
+answers' prior (``val/<source>/prior_acc``: the commonest training answer given to every
+prompt), or its validation answers collapse onto a few strings where the ground truths
+spread (``val/<source>/answers/*``); no learning rate or temperature moves such a policy, so
+the warnings that would advise a sweep name this cause instead (where an earlier validation
+had neither, RL drove the policy there: said apart, with RL's fix). `RunHealth`
 watches the RL metrics step by step and `SFTHealth` the SFT loss; each returns the warnings
-that became true at this step, and never the same one twice. A collapse also sets
-``RunHealth.collapse``, which the run doctor (`lmrl.run.doctor`, ``trainer.max_rollbacks``)
+that became true at this step, and never the same one twice. A collapse or a divergence also
+sets ``RunHealth.collapse``, which the run doctor (`lmrl.run.doctor`, ``trainer.max_rollbacks``)
 acts on; after a rollback, `RunHealth.rewind` forgets the abandoned steps.
 
 The thresholds are deliberately loose: a warning is a hint to look at the plot
@@ -21,6 +28,7 @@ The thresholds are deliberately loose: a warning is a hint to look at the plot
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -35,6 +43,21 @@ ZERO_SPREAD_ADVICE = (
     "Try algorithm.filter_groups.enable=true (DAPO's dynamic sampling), a larger rollout.n, a "
     "reward with partial credit, or prompts nearer the model's level"
 )
+WARM_START_FIX = (
+    "RL cannot move such a policy (its samples score alike, so its groups teach nothing) and no "
+    "learning rate or temperature changes that: a sweep will not help. Fix the warm start: a "
+    "longer or better SFT (lmrl sft until its last line says it beats the answers' prior), "
+    "easier prompts, or a curriculum (data.curriculum.enable=true, or data.mixture with a "
+    "schedule, the easy source first); docs/learning.md"
+)
+RL_ANSWERS_FIX = (
+    "Its samples now score alike, so its groups teach nothing. Try a lower actor.optim.lr, a KL "
+    "to the warm start (actor.use_kl_loss=true, or algorithm.use_kl_in_reward=true), or "
+    "trainer.max_rollbacks=2, which rolls a collapsed run back to its best validated "
+    "checkpoint at a lower lr"
+)
+PRIOR_MARGIN = 0.01
+"""Validation within this of the answers' prior (or under it) does not beat the prior."""
 
 
 class RunHealth:
@@ -65,23 +88,35 @@ class RunHealth:
         self.steps = 0
         self.val_reward_before: float | None = None
         self.collapse: tuple[int, float, float] | None = None  # (best step, best, now)
+        self.entropy_run: deque[float] = deque(maxlen=2 * window)  # the divergence's windows
+        self.score_run: deque[float] = deque(maxlen=2 * window)
+        # source -> (the commonest validation answer, the answers' prior): set by the program
+        # before each validation's metrics are checked (`lmrl.trainer.answers`)
+        self.answer_texts: dict[str, tuple[str, str | None]] = {}
+        # what the warnings that would advise a sweep say instead, once a cause is known
+        self.cause: str | None = None
+        self.answers_fine: dict[str, int] = {}  # source -> first step its answers were fine
 
-    def baseline(self, val_metrics: Mapping[str, float]) -> None:
+    def baseline(self, val_metrics: Mapping[str, float]) -> list[str]:
         """The validation before the first step (``val/<source>/reward/mean``): what the
-        first steps' train scores are compared with."""
+        first steps' train scores are compared with. Returns its warnings: a policy that does
+        not beat the answers' prior, or whose answers collapse (`_answers`)."""
         self.val_reward_before = _val_mean(val_metrics, "/reward/mean")
         val = validation_score(val_metrics)
         if val is not None:
             self.val_history.append((0, val))
+        return self._answers(val_metrics, 0)
 
     def rewind(self, step: int) -> None:
         """Forget what came after global step ``step`` (the run was rolled back there): the
         validations after it, the recent windows, the collapse, so each can be said again."""
         self.val_history = [(s, v) for s, v in self.val_history if s <= step]
-        for window in (self.recent_scores, self.recent_spread, self.recent_clip):
+        for window in (self.recent_scores, self.recent_spread, self.recent_clip,
+                       self.entropy_run, self.score_run):  # fmt: skip
             window.clear()
-        self.collapse = None
-        self.said -= {"val_collapse", "val_stuck", "length_hack"}
+        self.collapse = self.cause = None
+        self.answers_fine = {s: v for s, v in self.answers_fine.items() if v <= step}
+        self.said -= {"val_collapse", "val_stuck", "length_hack", "diverge", "rl_answers"}
 
     def check(self, metrics: Mapping[str, float]) -> list[str]:
         """The warnings that hold after this step's ``metrics`` and were not said before."""
@@ -95,11 +130,17 @@ class RunHealth:
                 if len(self.first_scores) == self.window:
                     out += self._sampling_gap()
             self.recent_scores.append(score)
+            self.score_run.append(score)
         if entropy is not None and math.isfinite(entropy):
             if self.first_entropy is None:
                 self.first_entropy = entropy
                 out += self._uniform(entropy)
             out += self._collapse(entropy)
+            self.entropy_run.append(entropy)
+            out += self._diverge()
+        step = int(metrics.get("training/step", self.steps))
+        if validation_score(metrics) is not None:  # the cause first: the others name it
+            out += self._answers(metrics, step)
         spread = metrics.get(ZERO_SPREAD_KEY)
         if spread is not None and math.isfinite(spread):
             self.recent_spread.append(spread)
@@ -115,7 +156,7 @@ class RunHealth:
             self.validations.append((score, val))
             out += self._val_flat()
         if val is not None:
-            self.val_history.append((int(metrics.get("training/step", self.steps)), val))
+            self.val_history.append((step, val))
             out += self._val_stuck()
             out += self._val_collapse(entropy)
         return out
@@ -132,13 +173,16 @@ class RunHealth:
             train_now = sum(t for t, _ in self.validations[-last:]) / last
             if train_now >= self.validations[-last - 1][0] + 0.05:
                 return []
+        advice = self.cause or (
+            "the recipe is not moving what validation counts. Try a sweep over actor.optim.lr "
+            "and rollout.temperature (lmrl sweep, docs/sweep.md), a larger rollout.n, or check "
+            "that the reward pays for what validation counts"
+        )
         return self._say(
             "val_stuck",
             f"validation has stayed at {anchor:.3f} (within {band}) over the last {last} "
-            f"validations (steps {since}-{recent[-1][0]}), whatever the train score did: the "
-            "recipe is not moving what validation counts. Try a sweep over actor.optim.lr and "
-            "rollout.temperature (lmrl sweep, docs/sweep.md), a larger rollout.n, or check "
-            "that the reward pays for what validation counts",
+            f"validations (steps {since}-{recent[-1][0]}), whatever the train score did: "
+            f"{advice}",
         )
 
     def _val_collapse(
@@ -198,13 +242,15 @@ class RunHealth:
         train_now = sum(s for s, _ in recent) / last
         if train_now < train_then + rise:
             return []
+        advice = self.cause or (
+            "the policy improves what it already gets partly right, not what validation "
+            "counts. Look at the reward (partial credit can pay most of the score for a wrong "
+            "answer), a larger rollout.n, and the model's size (docs/learning.md)"
+        )
         return self._say(
             "val_flat",
             f"the train score rose from {train_then:.3f} to {train_now:.3f} over the last "
-            f"{last} validations while validation stayed at {best_before:.3f}: the policy "
-            "improves what it already gets partly right, not what validation counts. Look at "
-            "the reward (partial credit can pay most of the score for a wrong answer), a "
-            "larger rollout.n, and the model's size (docs/learning.md)",
+            f"{last} validations while validation stayed at {best_before:.3f}: {advice}",
         )
 
     def _sampling_gap(self, ratio: float = 0.6, gap: float = 0.1) -> list[str]:
@@ -273,10 +319,122 @@ class RunHealth:
         if min(self.recent_spread) < 0.8:
             return []
         share = sum(self.recent_spread) / len(self.recent_spread)
+        advice = self.zero_spread_advice if self.cause is None else _sentence(self.cause)
         return self._say(
             "zero_spread",
             f"{share:.0%} of the prompt groups scored all alike over the last {self.window} "
-            f"steps: their advantages are 0 and they teach nothing. {self.zero_spread_advice}",
+            f"steps: their advantages are 0 and they teach nothing. {advice}",
+        )
+
+    def _answers(self, metrics: Mapping[str, float], step: int) -> list[str]:
+        """At a validation: its score does not beat the answers' prior (``val/<source>/acc``
+        within `PRIOR_MARGIN` of ``prior_acc``, or under it, the prior above 0), or its
+        answers collapse onto a few strings (``val/<source>/answers/*``: at most a quarter as
+        many distinct answers as distinct ground truths, or one answer for half of them while
+        the commonest ground truth is under a quarter and under half that share; at least 4
+        distinct ground truths). Either sets `cause` (cleared at a validation without one):
+        the warm start's, unless an earlier validation of that source had neither, when RL
+        drove the policy there (said apart, with RL's fix)."""
+        sources = _answer_sources(metrics)
+        if not sources:  # nothing logged to judge by: the cause stays as it is
+            return []
+        out: list[str] = []
+        causes: list[str] = []
+        rl_causes: list[str] = []
+        where = "before the first step" if step == 0 else f"at step {step}"
+        for source in sources:
+            val = f"val/{source}/"
+            acc, prior = metrics.get(val + "acc"), metrics.get(val + "prior_acc")
+            distinct, truths = metrics.get(val + "answers/distinct"), metrics.get(val + "answers/truths")  # fmt: skip
+            share = metrics.get(val + "answers/top_share")
+            truth_share = metrics.get(val + "answers/truth_top_share")
+            top, prior_answer = self.answer_texts.get(source, (None, None))
+            parts: list[str] = []
+            if acc is not None and prior is not None and prior > 0 and acc <= prior + PRIOR_MARGIN:
+                how = (
+                    "equals" if abs(acc - prior) < 5e-4
+                    else "is below" if acc < prior else f"is within {PRIOR_MARGIN} of"
+                )  # fmt: skip
+                always = f"always answering {_quote(prior_answer)}, " if prior_answer else ""
+                parts.append(f"validation on {source} {acc:.3f} {how} the answers' prior "
+                             f"{prior:.3f} ({always}the commonest training answer)")  # fmt: skip
+            named = (
+                f" ({_quote(top) if top else 'an empty answer'} is {share:.0%} of them)"
+                if top is not None and share is not None else ""
+            )  # fmt: skip
+            if (
+                distinct is not None and truths is not None and share is not None
+                and truth_share is not None and truths >= 4
+                and (4 * distinct <= truths
+                     or (share >= 0.5 and truth_share <= min(0.25, share / 2)))
+            ):  # fmt: skip
+                parts.append(
+                    f"its validation answers on {source} collapse onto {distinct:.0f} distinct "
+                    f"string{'s' if distinct != 1 else ''}{named} where the ground truths hold "
+                    f"{truths:.0f} (the commonest is {truth_share:.0%} of them)"
+                )
+                keys = {"prior", "answers"} if len(parts) == 2 else {"answers"}
+            elif parts:
+                parts[0] += f"; it gives {_quote(top)} to {share:.0%} of them" if top else ""
+                keys = {"prior"}
+            else:
+                self.answers_fine.setdefault(source, step)
+                continue
+            fine = self.answers_fine.get(source)
+            if fine is not None:  # fine at an earlier validation: RL drove it here
+                rl_causes.append(f"{'; '.join(parts)}, where at step {fine} it did not")
+                out += self._say(
+                    "rl_answers",
+                    f"RL drove the policy onto a few answers {where}: {rl_causes[-1]}. "
+                    f"{RL_ANSWERS_FIX}",
+                )
+                continue
+            causes.append("; ".join(parts))
+            if keys - self.said:
+                self.said |= keys
+                head = (
+                    "the policy does not beat the answers' prior" if "prior" in keys
+                    else "the policy's answers collapse onto a few strings"
+                )  # fmt: skip
+                out.append(f"{head} {where}: {causes[-1]}. {WARM_START_FIX}")
+        self.cause = (
+            f"the cause is the warm start ({'; '.join(causes)}). {WARM_START_FIX}" if causes
+            else f"the cause is RL's ({'; '.join(rl_causes)}). {RL_ANSWERS_FIX}" if rl_causes
+            else None
+        )  # fmt: skip
+        return out
+
+    def _diverge(
+        self, rise: float = 1.3, gain: float = 0.2, steady: float = 0.7, fall: float = 0.05
+    ) -> list[str]:
+        """Over the last ``2 * window`` steps the entropy climbed steadily (its later half's
+        mean at least ``rise`` times and ``gain`` nats above the earlier half's, and up at
+        ``steady`` of the steps) while the mean train score fell (by ``fall``, or a tenth of
+        it when that is more). Sets ``collapse``: the run doctor rolls a divergence back."""
+        n, half = 2 * self.window, self.window
+        if len(self.entropy_run) < n or len(self.score_run) < n:
+            return []
+        e, s = list(self.entropy_run), list(self.score_run)
+        e_then, e_now = sum(e[:half]) / half, sum(e[half:]) / (n - half)
+        s_then, s_now = sum(s[:half]) / half, sum(s[half:]) / (n - half)
+        ups = sum(b > a for a, b in itertools.pairwise(e))
+        if e_now < max(rise * e_then, e_then + gain) or ups < steady * (n - 1):
+            return []
+        if s_then - s_now < max(fall, 0.1 * abs(s_then)):
+            return []
+        if self.val_history:
+            best_step, best = max(self.val_history, key=lambda sv: (sv[1], -sv[0]))
+            self.collapse = (best_step, best, self.val_history[-1][1])
+        else:
+            self.collapse = (0, s_then, s_now)
+        return self._say(
+            "diverge",
+            f"the policy is diverging: its entropy climbed from {e_then:.2f} to {e_now:.2f} "
+            f"nats over the last {n} steps (up at {ups} of {n - 1}) while the mean train score "
+            f"fell from {s_then:.3f} to {s_now:.3f}. Lower actor.optim.lr (by 3-10x), add a KL "
+            "to the warm start (actor.use_kl_loss=true actor.kl_loss_coef=0.01, or "
+            "algorithm.use_kl_in_reward=true), or trainer.max_rollbacks=2, which rolls back to "
+            "the best validated checkpoint and goes on at a lower lr",
         )
 
 
@@ -300,8 +458,9 @@ class SFTHealth:
     def rewind(self, step: int) -> None:
         """Nothing to forget: an SFT run is never rolled back."""
 
-    def baseline(self, val_metrics: Mapping[str, float]) -> None:
+    def baseline(self, val_metrics: Mapping[str, float]) -> list[str]:
         """Nothing to compare with before the first step (the loss is watched alone)."""
+        return []
 
     def check(self, metrics: Mapping[str, float]) -> list[str]:
         """The warning, once, when ``sft/loss`` has not dropped (``sft/lr`` named in it)."""
@@ -324,6 +483,29 @@ class SFTHealth:
             f"{recent:.3f}): the model is not learning the warm start. A from-scratch model "
             "needs optim.lr ~1e-3; check that the responses are in the data (data.response_key)"
         ]
+
+
+def _answer_sources(metrics: Mapping[str, float]) -> list[str]:
+    """The sources whose validation logged the answers' prior or the answers' spread."""
+    out: list[str] = []
+    for key in metrics:
+        for suffix in ("/prior_acc", "/answers/distinct"):
+            if key.startswith("val/") and key.endswith(suffix):
+                source = key[len("val/") : -len(suffix)]
+                if source not in out:
+                    out.append(source)
+    return out
+
+
+def _quote(text: str | None, limit: int = 40) -> str:
+    """An answer as the warnings quote it (cut to ``limit`` characters)."""
+    text = text or ""
+    return repr(text if len(text) <= limit else text[: limit - 3] + "...")
+
+
+def _sentence(text: str) -> str:
+    """``text`` with its first letter a capital."""
+    return text[:1].upper() + text[1:]
 
 
 def _val_mean(metrics: Mapping[str, float], suffix: str) -> float | None:

@@ -26,7 +26,8 @@ hold the same for all of them:
   which are then logged); a run it stops is validated, checkpointed and exported like a run
   that reached its last step;
 - **rollback** (``trainer.max_rollbacks`` > 0, RL): each new best validation is saved, and a
-  collapse the health checks see sends the run back to it at a lower lr (`lmrl.run.doctor`);
+  collapse or a divergence the health checks see (``Health.collapse``) sends the run back to it
+  at a lower lr (`lmrl.run.doctor`);
   a rollback a kill interrupted is finished before the resumed run's next step.
 
 A run that ends (its last step, or an early stop) writes ``run_dir/final`` (`Program.export`).
@@ -61,16 +62,17 @@ StepEnd = Callable[[int, dict[str, float]], bool]
 class Health(Protocol):
     """Warnings for a run that is failing while it runs (``lmrl.run.health``)."""
 
-    def baseline(self, val_metrics: Mapping[str, float]) -> None:
-        """The validation before the first step."""
+    def baseline(self, val_metrics: Mapping[str, float]) -> list[str] | None:
+        """The validation before the first step; returns its warnings (each said once)."""
 
     def check(self, metrics: Mapping[str, float]) -> list[str]:
         """The warnings that became true at this step (each said once)."""
 
     @property
     def collapse(self) -> tuple[int, float, float] | None:
-        """A collapse the checks saw, ``(best step, best validation, now)``: what the run
-        doctor's rollback answers; None while there is none."""
+        """A collapse (or a divergence, or an image reward hacked) the checks saw, ``(best
+        step, best validation, now)``: what the run doctor's rollback answers; None while
+        there is none."""
 
     def rewind(self, step: int) -> None:
         """Forget what came after global step ``step`` (the run was rolled back there)."""
@@ -236,8 +238,9 @@ class RunLoop:
                     self._finish_rollback(pending)
                 elif t.val_before_train and prog.global_step == 0 and prog.has_validation:
                     before = self._validate()
-                    prog.health.baseline(before)
                     self.log_metrics(before)
+                    for warning in prog.health.baseline(before) or []:
+                        log.warning("%s", warning)
                     if self.doctor is not None and self.doctor.is_new_best(0, before):
                         self._save(final=False)  # global_step_0: the start to return to
                 while not self.finished and not stop.requested:

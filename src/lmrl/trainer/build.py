@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 
 from lmrl.algos import make_kl_controller
 from lmrl.config import Config, ConfigError, config_to_dict
-from lmrl.config.mixture import parse_mixture, step_counts
+from lmrl.config.mixture import step_counts
 from lmrl.data import PromptSampler, RLDataset
+from lmrl.data.curriculum import CurriculumSampler
 from lmrl.data.layout import check_warm_start
 from lmrl.data.mixture import MixtureSampler, source_rows
 from lmrl.logging import make_trackers
@@ -147,7 +149,7 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
         check_warm_start(cfg.model.path, layout)
     sampler, total_steps = None, 0
     if train_data is not None:
-        sampler = _sampler(cfg, train_data, plan.gen_batch_size)
+        sampler = _sampler(cfg, train_data, plan)
         per_epoch = len(train_data) // plan.train_batch_size
         total_steps = plan.total_training_steps or per_epoch * plan.total_epochs
 
@@ -201,18 +203,25 @@ def build_run(cfg: Config, purpose: Literal["train", "eval"] = "train") -> RunPa
     )  # fmt: skip
 
 
-def _sampler(cfg: Config, data: RLDataset, batch_size: int) -> PromptSampler:
-    """The prompt order: one shuffled pool, or the sources of ``data.mixture`` mixed per step."""
-    d = cfg.data
+def _sampler(cfg: Config, data: RLDataset, plan: RunPlan) -> PromptSampler:
+    """The prompt order: one shuffled pool, or the sources of the plan's mixture per step;
+    with the plan's curriculum, prompts chosen by their pass rates within each source."""
+    d, rules, batch_size = cfg.data, plan.mixture, plan.gen_batch_size
     seed = cfg.trainer.seed if d.seed is None else d.seed  # resolving fills it
-    rules = parse_mixture(d.mixture, batch_size)
+    curriculum = plan.curriculum
+    if curriculum is not None and not rules:  # one source: every training prompt
+        return CurriculumSampler(curriculum, ["all"], [np.arange(len(data))],
+                                 lambda step: [batch_size], batch_size, seed=seed,
+                                 shuffle=d.shuffle)  # fmt: skip
     if not rules:
         return PromptSampler(len(data), batch_size, seed=seed, shuffle=d.shuffle)
     files = [d.train_files] if isinstance(d.train_files, str) else list(d.train_files or [])
     names = [r.source for r in rules]
-    return MixtureSampler(names, source_rows(data.rows, files, names),
-                          functools.partial(step_counts, rules, batch_size=batch_size),
-                          batch_size, seed=seed, shuffle=d.shuffle)  # fmt: skip
+    args = (names, source_rows(data.rows, files, names),
+            functools.partial(step_counts, rules, batch_size=batch_size), batch_size)  # fmt: skip
+    if curriculum is not None:  # the mixture picks the sources, the curriculum their prompts
+        return CurriculumSampler(curriculum, *args, seed=seed, shuffle=d.shuffle)
+    return MixtureSampler(*args, seed=seed, shuffle=d.shuffle)
 
 
 def evaluate(cfg: Config, checkpoint: Path) -> dict[str, float]:

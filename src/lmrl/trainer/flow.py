@@ -50,18 +50,12 @@ from lmrl.flow.rollout import FlowSampler
 from lmrl.logging import make_trackers
 from lmrl.models.loading import resolve_device, write_dir_atomically
 from lmrl.run.checkpoint import load_state, read_weights, rng_state, set_rng_state
-from lmrl.run.health import ZERO_SPREAD_KEY, RunHealth
+from lmrl.run.health import ZERO_SPREAD_KEY
 from lmrl.run.loop import RunsOnLoop, resume
 from lmrl.run.resume import RunStart, open_run
+from lmrl.trainer.flow_health import FlowHealth
 from lmrl.trainer.metrics import zero_spread_fraction
 from lmrl.workers.precision import Precision
-
-FLOW_ZERO_SPREAD = (
-    "The images of a prompt all score alike when the reward saturates (a user's reward at its "
-    "maximum while the images stop following their prompts): check the images against their "
-    "prompts (the geneval checks, flow/check/*), try a reward with finer grades, more images "
-    "per prompt (sampler.n), or a KL to the start (actor.beta)"
-)
 
 log = logging.getLogger("lmrl.flow")
 FLOW_COMMAND = "lmrl train-flow"
@@ -416,7 +410,7 @@ class FlowTrainer(RunsOnLoop):
         self.grpo, self.reward, self.prompts = parts.update, parts.reward, parts.prompt_order
         self.trackers = parts.trackers
         self.total_steps = self.cfg.trainer.total_training_steps
-        self.health = RunHealth(None, zero_spread_advice=FLOW_ZERO_SPREAD)
+        self.health = FlowHealth()  # the RL run's checks, and the reward hacked
         self.global_step = 0
         resume(self)
 
@@ -483,6 +477,7 @@ class FlowTrainer(RunsOnLoop):
                 "timing_s/update": done - scored,
                 "timing_s/step": done - start,
                 "perf/images_per_s": len(rows_n) / (done - start),
+                "training/step": float(step),
             }
         )
         self.global_step = step

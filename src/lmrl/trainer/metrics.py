@@ -94,7 +94,14 @@ METRICS: dict[str, str] = {
     "reward/errors": "scorings that failed and scored 0: the function raised, returned None, NaN, "
     "a non-number, a dict without 'score' or a batch of the wrong length, or its worker died",
     "reward/timeouts": "scorings that ran past reward.timeout_s (or the batch time limit), scored 0",
-    "reward/no_score": "samples a batched reward function returned None for (scored 0)",
+    "reward/no_score": "sample scorings a reward function declined (returned None, or a score "
+    "of None): they add nothing to the sample's sum",
+    "reward/unscored": "samples no reward function scored (each declined): left out of the "
+    "advantages' groups, the loss and the score means",
+    "reward/unscored_frac": "reward/unscored as a share of the batch",
+    "curriculum/": "data.curriculum: curriculum/skipped (prompts that sat out in the step's "
+    "draw) and curriculum/settled_frac (the share of the prompts seen whose last groups all "
+    "passed or all failed)",
     "reward/worker_restarts": "reward worker processes replaced after a timeout or a crash",
     "reward/": (
         "numeric (and bool) reward extras per sample, as reward/<key>/mean (acc, "
@@ -114,16 +121,23 @@ METRICS: dict[str, str] = {
     "doctor/lr_scale": "the actor's lr as a multiple of actor.optim.lr after the rollback",
     "training/step": "the global step",
     "training/epoch": "the data epoch",
-    "val/": "validation: val/<source>/mean@k, pass@k, acc, reward/mean",
+    "val/": "validation: val/<source>/mean@k, pass@k, acc, reward/mean; and prior_acc, the "
+    "score of the answers' prior (always giving the commonest training answer), which a model "
+    "that learned the task beats; answers/distinct and answers/truths (distinct greedy answers "
+    "and distinct ground truths), answers/top_share and answers/truth_top_share (the commonest "
+    "one's share of each): answers collapsed onto a few strings",
     "train/": "per data source, when the step's batch mixes 2+ of them (nothing with one): "
     "train/<source>/score/mean, response_length/mean, response_length/clip_ratio, "
     "score/zero_spread_frac (as the batch's critic/score/..., response_length/...), acc (as "
-    "reward/acc/mean) and reward_errors (its share of reward/errors)",
+    "reward/acc/mean), reward_errors (its share of reward/errors) and unscored (its samples "
+    "no reward function scored)",
     "sft/loss": "lmrl sft: token-mean cross-entropy on the assistant tokens",
     "sft/lr": "lmrl sft: learning rate",
     "sft/grad_norm": "lmrl sft: gradient norm before clipping",
     "sft/tokens": "lmrl sft: assistant tokens in the step's batch",
-    "val/sft_loss": "lmrl sft: the same loss on data.val_files",
+    "val/sft_loss": "lmrl sft: the same loss on data.val_files (or the rows data.val_split "
+    "holds out); with RL rows or reward.custom_reward_function, also val/<source>/acc on "
+    "greedy answers and val/<source>/prior_acc",
 }
 
 
@@ -201,14 +215,25 @@ def _stats(prefix: str, x: torch.Tensor) -> dict[str, float]:
     }
 
 
+def _scored_rows(batch: Batch) -> torch.Tensor | None:
+    """``scored_mask`` (B,) when some row of ``batch`` no reward function scored, else None."""
+    if "scored_mask" not in batch or bool(batch["scored_mask"].all()):
+        return None
+    return batch["scored_mask"]
+
+
 def data_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
-    """Score, reward, advantage, return, value and length statistics of a finished batch."""
+    """Score, reward, advantage, return, value and length statistics of a finished batch; the
+    score statistics over the rows a reward function scored (``scored_mask``)."""
     mask = batch["response_mask"]
     out: dict[str, float] = {}
-    if "token_level_scores" in batch:
-        out |= _stats("critic/score", batch["token_level_scores"].sum(-1))
+    if "token_level_scores" in batch:  # the scores of the rows a reward function scored
+        scores = batch["token_level_scores"].sum(-1)
+        scored = _scored_rows(batch)
+        out |= _stats("critic/score", scores if scored is None else scores[scored])
         if "uid" in batch:
-            spread = zero_spread_fraction(batch["token_level_scores"].sum(-1), batch["uid"])
+            uid = batch["uid"] if scored is None else np.asarray(batch["uid"])[scored.cpu()]
+            spread = zero_spread_fraction(scores if scored is None else scores[scored], uid)
             if spread is not None:
                 out["critic/score/zero_spread_frac"] = spread
     if "token_level_rewards" in batch:
@@ -339,16 +364,23 @@ def source_metrics(
     rows = torch.as_tensor(inverse, device=scores.device)
     K, B = len(names), len(batch)
     of_source = rows[None, :] == torch.arange(K, device=scores.device)[:, None]  # (K, B)
-    means = masked_mean(per_sample[:, None, :].expand(3, K, B), of_source.expand(3, K, B), dim=-1)
-    host = torch.cat([means.flatten(), scores]).cpu()  # the one transfer: (3K + B,)
-    means_host, scores_host = host[: 3 * K].view(3, K).tolist(), host[3 * K :]
+    scored = _scored_rows(batch)
+    in_score = of_source if scored is None else of_source & scored.to(scores.device)[None, :]
+    masks = torch.stack([in_score, of_source, of_source])  # (3, K, B): scores of scored rows
+    means = masked_mean(per_sample[:, None, :].expand(3, K, B), masks, dim=-1)
+    has_score = in_score.any(-1).float()  # (K,)
+    host = torch.cat([means.flatten(), has_score, scores]).cpu()  # one transfer: (4K + B,)
+    means_host, scores_host = host[: 3 * K].view(3, K).tolist(), host[4 * K :]
+    has_score_host = host[3 * K : 4 * K].tolist()
     uid = np.asarray(batch["uid"]) if "uid" in batch else None
+    kept = np.ones(B, bool) if scored is None else np.asarray(batch["scored_mask"].cpu())
     for i, name in enumerate(names):
-        out[f"train/{name}/score/mean"] = means_host[0][i]
+        if has_score_host[i]:
+            out[f"train/{name}/score/mean"] = means_host[0][i]
         out[f"train/{name}/response_length/mean"] = means_host[1][i]
         out[f"train/{name}/response_length/clip_ratio"] = means_host[2][i]
         if uid is not None:
-            mine = inverse == i
+            mine = (inverse == i) & kept
             spread = zero_spread_fraction(scores_host[torch.as_tensor(mine)], uid[mine])
             if spread is not None:
                 out[f"train/{name}/score/zero_spread_frac"] = spread

@@ -2,7 +2,8 @@
 
 `RunPlan.from_config(cfg)` is the one place that reads the config for the run's shape: which
 stages exist (the reference: none, a frozen copy, the adapter off, inside the update; the
-critic and its values), the sampling, the log-prob mode, the async schedule, how scoring
+critic and its values), the training data's draw (one shuffled pool, or ``data.mixture``'s
+sources per step), the sampling, the log-prob mode, the async schedule, how scoring
 overlaps generation, the update's rows, mini- and micro-batches and epochs, the dtypes, and
 what the memory plan needs of the models. Everything else reads the plan:
 
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 from lmrl.algos import advantage_estimators
 from lmrl.config import Config
+from lmrl.config.curriculum import Curriculum, parse_curriculum
+from lmrl.config.mixture import MixRule, parse_mixture
 from lmrl.config.schema import FilterGroupsConfig, RolloutCorrectionConfig
 from lmrl.rollout import SamplingParams
 from lmrl.rollout.engines import ENGINES
@@ -127,6 +130,10 @@ class RunPlan:
         dtypes: ``(master, compute, rollout)`` dtype names (`planned_dtypes`).
         models: what the memory plan sizes.
         total_epochs, total_training_steps: the run's length (0 steps = epochs of the data).
+        mixture: ``data.mixture``'s sources with their weights, schedules or quotas, in the
+            order written (``()`` = one shuffled pool of the training rows).
+        curriculum: ``data.curriculum``'s rule choosing the prompts within each source by
+            their pass rates (None = the seeded epoch order).
     """
 
     n: int
@@ -160,6 +167,8 @@ class RunPlan:
     dtypes: tuple[str, str, str] = ("float32", "float32", "float32")
     total_epochs: int = 1
     total_training_steps: int | None = None
+    mixture: tuple[MixRule, ...] = ()
+    curriculum: Curriculum | None = None
 
     @property
     def scoring_thread(self) -> bool:
@@ -249,6 +258,7 @@ class RunPlan:
             log_probs += ", old log-probs from the update"
         timing = "off" if a is None else f"staleness {a.staleness}, weights every {a.sync_every}"
         lines = [
+            f"data: {self.draw}",
             f"stages: {stages}",
             f"reference: {self.reference}; critic: {critic}",
             f"log-probs: {log_probs}",
@@ -260,6 +270,18 @@ class RunPlan:
             f"rollout {self.dtypes[2]}",
         ]
         return "\n".join(lines)
+
+    @property
+    def draw(self) -> str:
+        """How a step's prompts are drawn, in words: ``one shuffled pool`` or each source of
+        ``data.mixture`` with its rule (``digits weight 1 -> 3 at steps 1, 100, sort weight 1``,
+        ``digits quota 6, sort quota 2``), then ``data.curriculum``'s rule when it is on."""
+        if not self.mixture:
+            draw = f"{self.gen_batch_size} prompts a step from one pool of the training rows"
+        else:
+            rules = ", ".join(_describe(rule) for rule in self.mixture)
+            draw = f"{self.gen_batch_size} prompts a step mixed from {rules}"
+        return draw if self.curriculum is None else f"{draw}; {self.curriculum.describe()}"
 
     @classmethod
     def from_config(cls, cfg: Config, device: str | None = None) -> RunPlan:
@@ -296,11 +318,11 @@ class RunPlan:
             "reports_rows" in traits or cfg.rollout.multi_turn.enable  # the agent loop does
         )  # fmt: skip
         fg = FilterGroupsConfig(**a.filter_groups)
+        gen_batch = (cfg.data.gen_batch_size if fg.enable else None) or cfg.data.train_batch_size
         return cls(
             n=r.n,
             train_batch_size=cfg.data.train_batch_size,
-            gen_batch_size=(cfg.data.gen_batch_size if fg.enable else None)
-            or cfg.data.train_batch_size,
+            gen_batch_size=gen_batch,
             max_prompt_length=cfg.data.max_prompt_length,
             max_response_length=length,
             sampling=SamplingParams(
@@ -352,7 +374,20 @@ class RunPlan:
             models=_models_plan(cfg),
             total_epochs=cfg.trainer.total_epochs,
             total_training_steps=cfg.trainer.total_training_steps,
+            mixture=parse_mixture(cfg.data.mixture, gen_batch),
+            curriculum=parse_curriculum(cfg.data.curriculum),
         )
+
+
+def _describe(rule: MixRule) -> str:
+    """One source's rule in words: its quota, its weight, or its schedule's points."""
+    if rule.quota is not None:
+        return f"{rule.source} quota {rule.quota}"
+    weights = [f"{float(w):g}" for _, w in rule.points]
+    if len(rule.points) == 1:
+        return f"{rule.source} weight {weights[0]}"
+    steps = [str(s) for s, _ in rule.points]
+    return f"{rule.source} weight {' -> '.join(weights)} at steps {', '.join(steps)}"
 
 
 def _reference(cfg: Config) -> ReferenceKind:

@@ -20,10 +20,11 @@ Choices:
   killed run never leaves a half-written ``final/``. It holds ``lmrl_prompt_layout.json``, how
   the training prompts were rendered (``lmrl.data.layout``), which ``lmrl train`` checks its
   own rendering against before its first step.
-- Validation is the loss on ``data.val_files`` and, where those rows are RL rows a built-in
-  scorer scores, the task's score on greedy answers against the answers' prior (the commonest
-  training answer; ``lmrl.trainer.sft_score``); the run ends saying whether the model beats
-  the prior.
+- Validation is the loss on ``data.val_files`` (or on the training rows ``data.val_split``
+  holds out, which are then not trained on) and, where those rows are RL rows a built-in
+  scorer scores or ``reward.custom_reward_function`` names a score function, the task's
+  score on greedy answers against the answers' prior (the commonest training answer;
+  ``lmrl.trainer.sft_score``); the run ends saying whether the model beats the prior.
 """
 
 from __future__ import annotations
@@ -39,11 +40,12 @@ import torch
 from lmrl.config.sft import SFTConfig
 from lmrl.data.layout import write_layout
 from lmrl.data.sampler import PromptSampler
-from lmrl.data.sft import SFTDataset
+from lmrl.data.sft import SFTDataset, held_out_rows
 from lmrl.errors import DataError
 from lmrl.logging import make_trackers
 from lmrl.models.loading import export_pretrained, load_causal_lm, load_tokenizer, resolve_device
 from lmrl.models.lora import adapter_export, apply_lora, merged_state
+from lmrl.rewards.functions import load_reward_fn
 from lmrl.run.checkpoint import load_state, read_weights, rng_state, set_rng_state
 from lmrl.run.health import SFTHealth
 from lmrl.run.loop import RunsOnLoop, resume
@@ -71,6 +73,8 @@ class SFTParts:
         worker: the ``SFTWorker``: the model, its optimizer and schedule, the loss.
         trackers: the loggers of ``trainer.logger``.
         total_steps: optimizer steps of the run.
+        held_out: the ``(file, row)`` pairs ``data.val_split`` holds out of the training
+            files for validation (None without a split).
     """
 
     config: SFTConfig
@@ -82,6 +86,7 @@ class SFTParts:
     worker: SFTWorker
     trackers: Any
     total_steps: int
+    held_out: frozenset[tuple[str, int]] | None = None
 
 
 def build_sft(cfg: SFTConfig) -> SFTParts:
@@ -98,14 +103,22 @@ def build_sft(cfg: SFTConfig) -> SFTParts:
     m, d = cfg.model, cfg.data
     assert m.path is not None  # load_sft_config requires it
     tokenizer = load_tokenizer(m.path, m.trust_remote_code)
-    train_data = _dataset(cfg, d.train_files, tokenizer)
-    val_data = _dataset(cfg, d.val_files, tokenizer) if d.val_files else None
+    seed = cfg.trainer.seed if d.seed is None else d.seed  # resolved configs fill it already
+    assert d.train_files is not None  # load_sft_config requires it
+    held_out = held_out_rows(d.train_files, d.val_split, seed) if d.val_split else None
+    val_data: SFTDataset | None = None
+    if held_out is not None:  # data.val_split: validation rows out of the training files
+        train_data = _dataset(cfg, d.train_files, tokenizer, lambda *row: row not in held_out)
+        val_data = _dataset(cfg, d.train_files, tokenizer, lambda *row: row in held_out)
+    else:
+        train_data = _dataset(cfg, d.train_files, tokenizer)
+        if d.val_files:
+            val_data = _dataset(cfg, d.val_files, tokenizer)
     if len(train_data) < d.train_batch_size:
         raise DataError(
             f"data.train_batch_size={d.train_batch_size} is larger than the training set "
             f"({len(train_data)} examples in {d.train_files}); lower it"
         )
-    seed = cfg.trainer.seed if d.seed is None else d.seed  # resolved configs fill it already
     sampler = PromptSampler(len(train_data), d.train_batch_size, seed=seed, shuffle=d.shuffle)
     total_steps = cfg.trainer.total_training_steps or len(sampler) * cfg.trainer.total_epochs
     precision = Precision.from_config(m, device)  # fp32 masters, model.mixed_precision compute
@@ -132,16 +145,16 @@ def build_sft(cfg: SFTConfig) -> SFTParts:
         len(train_data), train_data.stats["loss_tokens"], total_steps, d.train_batch_size, device,
     )  # fmt: skip
     return SFTParts(cfg, start, tokenizer, train_data, val_data, sampler, worker, trackers,
-                    total_steps)  # fmt: skip
+                    total_steps, held_out)  # fmt: skip
 
 
-def _dataset(cfg: SFTConfig, files, tokenizer) -> SFTDataset:
+def _dataset(cfg: SFTConfig, files, tokenizer, keep=None) -> SFTDataset:
     d = cfg.data
     return SFTDataset(
         files, tokenizer, prompt_key=d.prompt_key, response_key=d.response_key,
         messages_key=d.messages_key, response_from_ground_truth=d.response_from_ground_truth,
         mask_pattern=d.mask_pattern, max_length=d.max_length, truncation=d.truncation,
-        prompt_template=d.prompt_template,
+        prompt_template=d.prompt_template, keep=keep,
     )  # fmt: skip
 
 
@@ -185,17 +198,27 @@ class SFTTrainer(RunsOnLoop):
         d = self.cfg.data
         files = [d.train_files] if isinstance(d.train_files, str) else list(d.train_files or [])
         val = [d.val_files] if isinstance(d.val_files, str) else list(d.val_files or [])
+        held_out = self.parts.held_out
+        trained, validation = None, None
+        if held_out is not None:  # both sides read from the training files
+            val = files
+            trained, validation = (lambda *r: r not in held_out), (lambda *r: r in held_out)
 
         def prior() -> str | None:
             return commonest_answer(
                 files, response_key=d.response_key, messages_key=d.messages_key,
-                response_from_ground_truth=d.response_from_ground_truth,
+                response_from_ground_truth=d.response_from_ground_truth, keep=trained,
             )  # fmt: skip
 
+        fn = self.cfg.reward.custom_reward_function
+        reward_fn = None
+        if fn.path:
+            reward_fn = load_reward_fn(fn.path, fn.name, kwargs=fn.reward_kwargs)
         longest = max(sum(mask) for _, mask in self.train_data.examples)
         score = SFTScore(
             self.worker.model, self.tokenizer, val, prior, longest,
-            prompt_key=d.prompt_key, prompt_template=d.prompt_template,
+            prompt_key=d.prompt_key, prompt_template=d.prompt_template, keep=validation,
+            reward_fn=reward_fn,
         )  # fmt: skip
         if score.skipped is not None:
             log.info("sft: no validation score on greedy answers: %s", score.skipped)

@@ -1,10 +1,12 @@
 """What an SFT run learned: the task's score on greedy answers, against the answers' prior.
 
 A validation loss can fall a long way while the model learns only the commonest answer. When
-the validation rows of ``lmrl sft`` are RL rows (``data_source`` with a built-in scorer,
-``reward_model.ground_truth``), each validation also answers the first `MAX_ROWS` of them
-greedily and scores the answers with the row's built-in scorer (``lmrl.rewards.scorers``, its
-``acc``): ``val/<source>/acc``, as ``lmrl train`` logs it. Beside it, ``val/<source>/prior_acc``:
+the validation rows of ``lmrl sft`` (``data.val_files``, or the rows ``data.val_split`` holds
+out) are RL rows (``data_source`` with a built-in scorer, ``reward_model.ground_truth``), or
+``reward.custom_reward_function`` names a score function, each validation also answers the
+first `MAX_ROWS` of them greedily and scores the answers with that function, else the row's
+built-in scorer (``lmrl.rewards.scorers``; the result's ``acc``, else its score):
+``val/<source>/acc``, as ``lmrl train`` logs it. Beside it, ``val/<source>/prior_acc``:
 the score of the answers' prior, the commonest training answer given to every one of those
 prompts (computed once). At the end of the run `SFTScore.verdict` says in one line whether
 the model beats the prior, and by how much.
@@ -28,6 +30,7 @@ import torch
 from lmrl.batch import Batch, response_tokens_mask
 from lmrl.data.dataset import RLDataset, read_records
 from lmrl.errors import DataError
+from lmrl.rewards.functions import Outcome, RewardFunction
 from lmrl.rewards.scorers import SCORERS, get_scorer
 from lmrl.rollout import SamplingParams, build_engine
 
@@ -57,7 +60,7 @@ def greedy_texts(
     return texts, out
 
 
-def _acc(result: float | Mapping[str, Any]) -> float:
+def score_acc(result: float | Mapping[str, Any]) -> float:
     """A scorer's result as a score in [0, 1]: its ``acc`` (else ``score``), or the number."""
     if isinstance(result, Mapping):
         return float(result["acc"] if "acc" in result else result["score"])
@@ -91,11 +94,15 @@ def commonest_answer(
     response_key: str = "response",
     messages_key: str = "messages",
     response_from_ground_truth: bool = False,
+    keep: Callable[[str, int], bool] | None = None,
 ) -> str | None:
-    """The most common answer of the training files (the first seen of a tie); None = none."""
+    """The most common answer of the training files (the first seen of a tie); None = none.
+    ``keep(file, row)`` says which rows are training rows (None = all)."""
     counts: Counter[str] = Counter()
     for path in files:
-        for row in read_records(path):
+        for i, row in enumerate(read_records(path)):
+            if keep is not None and not keep(str(path), i):
+                continue
             answer = training_answer(
                 row, response_key=response_key, messages_key=messages_key,
                 response_from_ground_truth=response_from_ground_truth,
@@ -118,6 +125,10 @@ class SFTScore:
         max_new_tokens: the most tokens of an answer.
         prompt_key, prompt_template: how the prompts are read and rendered.
         max_rows: the most validation prompts answered.
+        keep: ``keep(file, row)`` says which rows of ``val_files`` are validation rows (the
+            rows a held-out split holds out; None = all).
+        reward_fn: the score function (``reward.custom_reward_function``); None = the
+            built-in scorer of each row's ``data_source``.
 
     Attributes:
         skipped: why nothing is scored (no ground truth, no scorer...), or None.
@@ -135,8 +146,12 @@ class SFTScore:
         prompt_key: str = "prompt",
         prompt_template: str = "chat",
         max_rows: int = MAX_ROWS,
+        keep: Callable[[str, int], bool] | None = None,
+        reward_fn: RewardFunction | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.reward_fn = reward_fn
+        self._said_failure = False
         self.prior: str | None = None
         self.max_new_tokens = max_new_tokens
         self.skipped: str | None = None
@@ -150,10 +165,14 @@ class SFTScore:
         except DataError as err:
             self.skipped = f"the validation rows are not RL rows with a data_source ({err})"
             return
-        rows = [data[i] for i in range(len(data))]
+        rows = [data[i] for i in range(len(data)) if keep is None or keep(*data.origin(i))]
         truths = [r for r in rows if r["ground_truth"] is not None]
-        scored = [r for r in truths if r["data_source"] in SCORERS]
-        if not truths:
+        scored = rows if reward_fn is not None else [
+            r for r in truths if r["data_source"] in SCORERS
+        ]  # fmt: skip
+        if not rows:
+            self.skipped = "no validation rows"
+        elif reward_fn is None and not truths:
             self.skipped = "the validation rows have no reward_model.ground_truth"
         elif not scored:
             sources = sorted({str(r["data_source"]) for r in truths})
@@ -179,10 +198,35 @@ class SFTScore:
         return {f"val/{s}/{name}": math.fsum(v) / len(v) for s, v in by_source.items()}
 
     def _score(self, texts: Sequence[str]) -> list[float]:
+        if self.reward_fn is None:
+            return [
+                score_acc(get_scorer(r["data_source"])(text, r["ground_truth"], r["extra_info"]))
+                for r, text in zip(self.rows, texts, strict=True)
+            ]
+        return [self._outcome_acc(o) for o in self._call(texts)]
+
+    def _call(self, texts: Sequence[str]) -> list[Outcome]:
+        """The score function's outcome for each answer (it never raises)."""
+        fn, rows = self.reward_fn, self.rows
+        assert fn is not None
+        if fn.batched:
+            columns = {key: [r[key] for r in rows]
+                       for key in ("data_source", "ground_truth", "extra_info")}  # fmt: skip
+            return fn.call_batched([r["raw_prompt"] for r in rows], list(texts), columns)
         return [
-            _acc(get_scorer(r["data_source"])(text, r["ground_truth"], r["extra_info"]))
-            for r, text in zip(self.rows, texts, strict=True)
+            fn.call_per_sample(r["data_source"], text, r["ground_truth"], r["extra_info"])
+            for r, text in zip(rows, texts, strict=True)
         ]
+
+    def _outcome_acc(self, outcome: Outcome) -> float:
+        """An outcome's ``acc`` (else its score); a failure scores 0, said once."""
+        if outcome.status == "ok":
+            return float(outcome.extras.get("acc", outcome.score))
+        if outcome.status != "none" and not self._said_failure:
+            self._said_failure = True
+            log.warning("sft: the score function failed on a validation answer (%s: %s); "
+                        "such answers score 0", outcome.status, outcome.message)  # fmt: skip
+        return 0.0
 
     def __call__(self) -> dict[str, float]:
         """Greedy answers scored: ``val/<source>/acc`` and ``val/<source>/prior_acc``
@@ -231,4 +275,11 @@ def _answer_text(text: str, tokenizer: Any) -> str:
     return text.strip()
 
 
-__all__ = ["MAX_ROWS", "SFTScore", "commonest_answer", "greedy_texts", "training_answer"]
+__all__ = [
+    "MAX_ROWS",
+    "SFTScore",
+    "commonest_answer",
+    "greedy_texts",
+    "score_acc",
+    "training_answer",
+]

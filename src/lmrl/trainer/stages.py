@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from lmrl.batch import Batch
-from lmrl.rewards.result import RewardResult, merge_results, split_extras
+from lmrl.data.curriculum import passes
+from lmrl.rewards.result import RewardResult, merge_results, scored_rows, split_extras
 from lmrl.rollout.merge import concat_rollouts
 from lmrl.run.timing import StageTimer
 from lmrl.trainer.metrics import source_reward_metrics
@@ -51,11 +52,14 @@ class Scoring:
         thread: from `scoring_thread`; None = the calls run in the caller's thread, the
             blocks' at `join` (the synchronous step: generate, then score; a reward function
             of the user's may rely on the main thread).
+        sampler: the run's prompt sampler; one that learns from pass rates (``data.curriculum``,
+            `lmrl.data.curriculum.CurriculumSampler`) is told each joined batch's passes.
     """
 
-    def __init__(self, reward, thread: ThreadPoolExecutor | None = None) -> None:
+    def __init__(self, reward, thread: ThreadPoolExecutor | None = None, sampler=None) -> None:
         self.reward = reward
         self.thread = thread
+        self.sampler = sampler if hasattr(sampler, "observe") else None  # data.curriculum
         self._blocks: list[Future | Batch] = []  # a Batch: scored at join
         self._rows: list[np.ndarray] = []  # each block's rows of the batch
         self._next = 0
@@ -95,8 +99,16 @@ class Scoring:
                 merged.token_level_scores[back],
                 {k: np.asarray(v)[back.numpy()] for k, v in merged.extras.items()},
                 merged.metrics,
+                scored_rows(merged)[back.numpy()],
             )
-        return record(batch, merged, metrics)
+        numeric = record(batch, merged, metrics)
+        if self.sampler is not None:
+            self.sampler.observe(passes(
+                batch["token_level_scores"].sum(-1).double().cpu().numpy(), numeric.get("acc"),
+                self.sampler.curriculum.pass_score, scored_rows(merged),
+            ))  # fmt: skip
+            metrics |= self.sampler.metrics()
+        return numeric
 
     def close(self) -> None:
         """Drop the step's calls not started (a step that failed)."""
@@ -173,7 +185,7 @@ def rollout_and_score(
 
 def _generate_scored(parts, step: int, timer: StageTimer, round_: int, thread):
     """Stage 1 (and ReMax's baseline) with the rows handed to a `Scoring` as they come."""
-    scoring = Scoring(parts.reward, thread)
+    scoring = Scoring(parts.reward, thread, parts.sampler)
     try:
         batch, prompts = generate(parts, step, timer, round_, scoring)
         if "reward_baselines" in parts.plan.estimator_needs:
@@ -270,12 +282,19 @@ def score(reward, batch: Batch, metrics: dict) -> dict[str, np.ndarray]:
 
 
 def record(batch: Batch, result: RewardResult, metrics: dict) -> dict[str, np.ndarray]:
-    """Write ``token_level_scores`` into ``batch``; add the manager's numeric extras and
-    counters to ``metrics``; keep its text extras (e.g. verl's ``pred``) in the non-tensor
-    column ``reward_texts`` (a dict per sample, {} without text) for the generations log;
-    return the numeric extras (per-sample arrays)."""
-    batch["token_level_scores"] = result.token_level_scores.to(batch["responses"].device)
+    """Write ``token_level_scores`` and ``scored_mask`` (False on the rows no reward function
+    scored, see `leave_out_unscored`) into ``batch``; add the manager's numeric extras (means
+    over the scored rows) and counters to ``metrics``, with ``reward/unscored_frac``; keep
+    its text extras (e.g. verl's ``pred``) in the non-tensor column ``reward_texts`` (a dict
+    per sample, {} without text) for the generations log; return the numeric extras
+    (per-sample arrays)."""
+    device = batch["responses"].device
+    batch["token_level_scores"] = result.token_level_scores.to(device)
+    scored = scored_rows(result)
+    batch["scored_mask"] = torch.as_tensor(scored, dtype=torch.bool, device=device)
     numeric, texts = split_extras(result.extras)
+    if not scored.all():  # an unscored row's extras are no measure of the policy
+        numeric = {k: np.where(scored, v, np.nan) for k, v in numeric.items()}
     for key, value in numeric.items():
         finite = value[np.isfinite(value)]
         if finite.size:
@@ -285,8 +304,27 @@ def record(batch: Batch, result: RewardResult, metrics: dict) -> dict[str, np.nd
     batch["reward_texts"] = rows
     for key, count in result.metrics.items():
         metrics[key] = metrics.get(key, 0.0) + float(count)
+    metrics["reward/unscored_frac"] = float((~scored).mean()) if len(scored) else 0.0
     metrics |= source_reward_metrics(batch, numeric)  # train/<source>/acc, 2+ sources
     return numeric
+
+
+def leave_out_unscored(batch: Batch) -> tuple[object, torch.Tensor]:
+    """The advantage estimator's group ``index`` and ``response_mask`` with the rows no reward
+    function scored (``scored_mask`` False) left out: each such row a group of its own and
+    masked, so its advantage is 0 and its prompt's group statistics are those of the scored
+    rows; and ``loss_mask`` narrowed to the scored rows, so they send no gradient (loss, KL
+    and entropy alike). A batch whose rows are all scored is returned as it is."""
+    mask = batch["response_mask"]
+    if "scored_mask" not in batch or bool(batch["scored_mask"].all()):
+        return batch["uid"], mask
+    scored = batch["scored_mask"].to(mask.device)
+    index = np.asarray(batch["uid"], dtype=object).copy()
+    for i in np.flatnonzero(~scored.cpu().numpy()):
+        index[i] = f"{index[i]}/unscored/{i}"
+    keep = mask.bool() & scored[:, None]
+    batch["loss_mask"] = batch["loss_mask"] & keep if "loss_mask" in batch else keep
+    return index, keep
 
 
 def filter_metric(batch: Batch, extras: dict[str, np.ndarray], name: str) -> np.ndarray:

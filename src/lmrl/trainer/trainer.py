@@ -9,7 +9,8 @@
                   (which writes its rejections to ``loss_mask``, never over ``response_mask``)
     4 ref         ref_log_probs, when a KL term is on
     5 values      the critic's, when the estimator needs values
-    6 adv         KL in the reward (optional), then the registry's estimator
+    6 adv         KL in the reward (optional), then the registry's estimator (rows no reward
+                  function scored left out of the groups and, through ``loss_mask``, the loss)
     7 critic      clipped value loss
     8 actor       the policy loss
 
@@ -44,11 +45,12 @@ from lmrl.run.health import RunHealth
 from lmrl.run.loop import RunsOnLoop, resume
 from lmrl.run.resume import RunStart
 from lmrl.run.timing import StageTimer
+from lmrl.trainer.answers import RecordingEngine, answer_prior
 from lmrl.trainer.build import RunParts
 from lmrl.trainer.memory_probe import run_memory_probe, wants_probe
 from lmrl.trainer.metrics import data_metrics, engine_gap, source_metrics, throughput, to_floats
 from lmrl.trainer.parity import ParityProbe
-from lmrl.trainer.stages import rollout, scoring_thread, validate
+from lmrl.trainer.stages import leave_out_unscored, rollout, scoring_thread, validate
 
 if TYPE_CHECKING:
     from lmrl.data import PromptSampler
@@ -94,6 +96,7 @@ class Trainer(RunsOnLoop):
         self.cfg = self.settings = cfg
         tokenizer = parts.tokenizer
         self.health = RunHealth(len(tokenizer) if tokenizer is not None else None)
+        self.answers = answer_prior(parts)  # the answers' prior, beside each validation
         self.parity = ParityProbe(cfg.parity_threshold)  # names the engine gap's cause, once
         self.on_stage = on_stage or (lambda name: None)
         self.run_dir = parts.run_dir
@@ -176,8 +179,9 @@ class Trainer(RunsOnLoop):
                     )  # fmt: skip
                     metrics |= {f"actor/{k}": v for k, v in kl_metrics.items()}
                 batch["token_level_rewards"] = rewards
+                index, scored = leave_out_unscored(batch)  # rows no reward function scored
                 batch["advantages"], batch["returns"] = plan.estimator(
-                    rewards, mask, index=batch["uid"], values=batch.get("values"),
+                    rewards, scored, index=index, values=batch.get("values"),
                     reward_baselines=batch.get("reward_baselines"),
                 )  # fmt: skip
 
@@ -234,10 +238,20 @@ class Trainer(RunsOnLoop):
 
     def validate(self) -> dict[str, float]:
         """Validation metrics of the current policy (see ``lmrl.trainer.stages.validate``);
-        with async_training, on the engine between two batches, with the current weights."""
+        with async_training, on the engine between two batches, with the current weights.
+        Beside them the answers' prior and the answers' spread (``lmrl.trainer.answers``),
+        whose texts the health checks quote."""
+        parts, recorder = self.parts, None
+        if self.answers is not None:
+            parts, recorder = RecordingEngine.around(self.parts)
         if self.ahead is None:
-            return validate(self.parts)
-        return self.ahead.exclusive(self.actor.model_state(), lambda: validate(self.parts))
+            metrics = validate(parts)
+        else:
+            metrics = self.ahead.exclusive(self.actor.model_state(), lambda: validate(parts))
+        if self.answers is not None and recorder is not None and metrics:
+            metrics |= self.answers.spread(recorder.outputs, self.parts.tokenizer)
+            self.health.answer_texts = dict(self.answers.texts)
+        return metrics
 
     @property
     def has_validation(self) -> bool:

@@ -59,7 +59,8 @@ class CriticWorker(TrainableWorker):
         return values.float() if values.dtype != self.precision.master else values
 
     def update_critic(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Clipped value loss against ``returns``, anchored at the rollout's ``values``.
+        """Clipped value loss against ``returns``, anchored at the rollout's ``values``, over
+        the response tokens of the rows a reward scored (``scored_mask``, when present).
 
         Returns:
             ``critic/vf_loss``, ``critic/vf_clipfrac``, ``critic/grad_norm``, ``critic/lr``.
@@ -70,14 +71,12 @@ class CriticWorker(TrainableWorker):
         batch = batch.to(compute_device(self.model))  # from the driver's CPU
         totals: dict[str, list[torch.Tensor]] = defaultdict(list)
         for mini in self.mini_batches(batch, shape.epochs, shape.shuffle, mini_size):
-            norm = AggNorm.from_mask(
-                mini["response_mask"], loss_scale_factor=self.max_response_length
-            )
+            norm = AggNorm.from_mask(_fitted(mini), loss_scale_factor=self.max_response_length)
             # this rank's shares of the mini-batch's (each rank holds a row, so a micro-batch)
             stats: dict[str, torch.Tensor] = {}
             micros = self.dp.micro_batches(self.dp.shard(mini), shape.micro())
             for i, micro in enumerate(micros):
-                mask = micro["response_mask"]
+                mask = _fitted(micro)
                 with self.dp.sync_grads(self.model, last=i == len(micros) - 1):
                     with self.autocast():
                         values = forward_values(self.model, micro)
@@ -98,3 +97,12 @@ class CriticWorker(TrainableWorker):
             totals["critic/vf_clipfrac"].append(stats["clipfrac"])
             totals["critic/grad_norm"].append(grad_norm)
         return self.finish_update(totals, "critic")
+
+
+def _fitted(batch: Batch) -> torch.Tensor:
+    """(B, T) bool: the tokens whose values are fitted: ``response_mask`` on the rows a reward
+    function scored (a row none scored has no return to fit)."""
+    mask = batch["response_mask"]
+    if "scored_mask" in batch:
+        mask = mask & batch["scored_mask"].to(mask.device)[:, None]
+    return mask
