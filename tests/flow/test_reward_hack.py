@@ -92,7 +92,8 @@ def test_a_healthy_image_run_is_quiet():
 
 def test_the_run_doctor_rolls_a_hacked_reward_back(tmp_path):
     """A program whose reward climbs while its fidelity falls at the first lr: the loop's
-    rollback acts on the flag the hack sets."""
+    rollback acts on the flag the hack sets, and returns to the best fidelity (the health's
+    ``validation_score``)."""
     from tests.run.rollback_run import LrProgram, Settings
 
     class Hacked(LrProgram):
@@ -114,12 +115,16 @@ def test_the_run_doctor_rolls_a_hacked_reward_back(tmp_path):
                     VAL_F: 0.6 - (0.1 * (s - 2) if hacking else 0.0)}  # fmt: skip
 
     class Once(Settings):
+        test_freq = 1  # step 3's validation: the best reward (0.6), a lower fidelity (0.5)
+
         def rollbacks(self) -> tuple[int, float]:
             return 1, 0.5
 
     program = Hacked(tmp_path)
     program.total_steps = 10
     RunLoop(program, Once()).run()  # type: ignore[arg-type]
-    logged = [m for _, m in program.trackers.logged if "doctor/rollback" in m]
-    assert len(logged) == 1 and logged[0]["doctor/rolled_back_from"] == 4
+    logged = [(s, m) for s, m in program.trackers.logged if "doctor/rollback" in m]
+    assert len(logged) == 1 and logged[0][1]["doctor/rolled_back_from"] == 4
+    # back to the best fidelity (step 0), not to the best (hacked) reward of step 3
+    assert logged[0][0] == 0 and program.lr == 0.5
     assert program.lr == 0.5 and program.global_step == 10

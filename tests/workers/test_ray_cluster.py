@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -270,27 +269,45 @@ def ray_token_at_home(tmp_path, monkeypatch):
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
 
 
+PLACE = """
+from dataclasses import replace
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from lmrl.config import ResourcesConfig
+from lmrl.workers.ray_cluster import RayCluster
+
+resources = replace(ResourcesConfig(), ray_address={address!r}, nnodes=2, n_gpus_per_node=1)
+cluster = RayCluster(resources, device="cpu").start()
+try:
+    group = cluster.placement_group(2, use_gpu=False, name="test")
+
+    @ray.remote(num_cpus=1)
+    def where():
+        return ray.get_runtime_context().get_node_id()
+
+    nodes = ray.get([
+        where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)).remote()
+        for i in range(2)
+    ])
+    print(len(set(nodes)))
+    ray.util.remove_placement_group(group)
+finally:
+    cluster.stop()
+"""
+
+
 @pytest.mark.slow
 def test_two_nodes_on_loopback_place_one_worker_each(ray_token_at_home, two_ray_nodes):
-    """Whether a Ray token is at home or not (it is here): the second node joins."""
+    """Whether a Ray token is at home or not (it is here): the second node joins. The driver
+    runs in a process of its own: Ray keeps the token it read first for the life of a process,
+    and this one's home is the fixture's."""
+    import os
+
     address, temp_dir = two_ray_nodes
-    resources = replace(ResourcesConfig(), ray_address=address, nnodes=2, n_gpus_per_node=1)
-    cluster = RayCluster(resources, device="cpu").start()
-    try:
-        group = cluster.placement_group(2, use_gpu=False, name="test")
-
-        @ray.remote(num_cpus=1)
-        def where():
-            return ray.get_runtime_context().get_node_id()
-
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        nodes = ray.get([
-            where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(group, i)).remote()
-            for i in range(2)
-        ])  # fmt: skip
-        assert len(set(nodes)) == 2
-        ray.util.remove_placement_group(group)
-    finally:
-        cluster.stop()
+    code = textwrap.dedent(PLACE).format(address=address)
+    done = subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
+    assert done.stdout.strip().splitlines()[-1:] == ["2"], done.stdout + done.stderr[-3000:]
     assert ray_processes(temp_dir)  # a joined cluster is left running

@@ -215,6 +215,22 @@ class FlowTrainerConfig(RunSettings):
     val_images_per_prompt: int = opt(
         4, "Validation images per prompt (ODE samples from fixed noise), >= 1."
     )
+    max_rollbacks: int = opt(
+        0,
+        "Run doctor: when the reward is hacked (it climbs while the prompt fidelity of the "
+        "same images falls), go back to the validated checkpoint of the best prompt fidelity "
+        "(of the best reward where no fidelity is logged; each new best is saved) and on at "
+        "actor.optim.lr x rollback_lr_factor, at most this many times over the run; the "
+        "abandoned checkpoints move to RUN_DIR/rolled_back/. 0 = off; > 0 needs "
+        "data.val_files and trainer.test_freq > 0.",
+    )
+    rollback_lr_factor: float = opt(
+        0.1, "What each rollback multiplies the learning rate by, in (0, 1)."
+    )
+
+    def rollbacks(self) -> tuple[int, float]:
+        """``trainer.max_rollbacks`` and ``rollback_lr_factor``: the run doctor's budget."""
+        return self.max_rollbacks, self.rollback_lr_factor
 
 
 @dataclass
@@ -263,6 +279,24 @@ def _window_errors(s: FlowSamplerConfig) -> list[str]:
     return []
 
 
+def _rollback_errors(t: FlowTrainerConfig, data: FlowDataConfig) -> list[str]:
+    """The rollback's needs, as ``lmrl train``'s: validation to rank the checkpoints by, and
+    its lr factor only with a rollback to apply it."""
+    if t.max_rollbacks > 0 and (not data.val_files or t.test_freq <= 0):
+        return [
+            f"trainer.max_rollbacks={t.max_rollbacks} (the rollback) needs validation to find "
+            "the best checkpoint: set data.val_files and trainer.test_freq > 0"
+        ]
+    default = FlowTrainerConfig.rollback_lr_factor
+    if t.max_rollbacks == 0 and t.rollback_lr_factor != default and 0 < t.rollback_lr_factor < 1:
+        return [
+            f"trainer.rollback_lr_factor={t.rollback_lr_factor!r} changes nothing: "
+            "trainer.max_rollbacks=0 turns the rollback off; set trainer.max_rollbacks > 0 "
+            "(e.g. 2) or leave trainer.rollback_lr_factor out"
+        ]
+    return []
+
+
 def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -> None:
     """Check the ranges a key's type cannot catch.
 
@@ -305,8 +339,10 @@ def validate_flow_config(cfg: FlowConfig, *, notices: list[str] | None = None) -
         ("trainer.val_images_per_prompt", lambda x: x >= 1, "must be >= 1"),
         ("actor.ema_decay", lambda x: 0 <= x < 1, "must be in [0, 1)"),
         ("actor.ema_every", lambda x: x >= 1, "must be >= 1"),
+        ("trainer.max_rollbacks", lambda x: x >= 0, "must be >= 0 (0 = no rollback)"),
+        ("trainer.rollback_lr_factor", lambda x: 0 < x < 1, "must be in (0, 1), e.g. 0.1"),
     )
-    errors = range_errors(cfg, checks) + _window_errors(s)
+    errors = range_errors(cfg, checks) + _window_errors(s) + _rollback_errors(cfg.trainer, cfg.data)
     if cfg.model.lora_path is not None and cfg.model.lora_rank == 0:
         errors.append(
             "model.lora_path needs a LoRA: set model.lora_rank to the adapter's rank (Flow-GRPO: "

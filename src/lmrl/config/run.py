@@ -111,7 +111,7 @@ class RunSettings:
 
     def rollbacks(self) -> tuple[int, float]:
         """``(rollbacks at most, lr factor of each)`` of the run doctor; a command without
-        one (SFT, Flow-GRPO) has none. The RL ``trainer`` section's keys override it."""
+        one (SFT) has none. The RL and Flow-GRPO ``trainer`` sections' keys override it."""
         return 0, 1.0
 
 

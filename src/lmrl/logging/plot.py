@@ -458,4 +458,19 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None, smooth: float =
     return out
 
 
-__all__ = ["DPI", "FIGSIZE", "draw_run", "ema", "load_metrics", "plot_run"]
+def image_grid(images, columns: int, scale: int = 4) -> np.ndarray:
+    """(B, 3, H, W) tensor in [0, 1] -> one (rows*H*scale, columns*W*scale, 3) uint8 array,
+    row-major, with a 1-pixel grey border around each image (an image run's validation)."""
+    import torch  # `lmrl plot` itself never needs it
+
+    b, _, h, w = images.shape
+    rows = -(-b // columns)
+    pad = torch.full((rows * columns, 3, h + 2, w + 2), 0.3)
+    pad[:b, :, 1:-1, 1:-1] = images.detach().float().clamp(0, 1).cpu()
+    grid = pad.view(rows, columns, 3, h + 2, w + 2).permute(0, 3, 1, 4, 2)
+    grid = grid.reshape(rows * (h + 2), columns * (w + 2), 3)
+    grid = grid.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
+    return (grid.numpy() * 255).round().astype(np.uint8)
+
+
+__all__ = ["DPI", "FIGSIZE", "draw_run", "ema", "image_grid", "load_metrics", "plot_run"]

@@ -7,7 +7,9 @@ validation falls from its best) and the divergence (the entropy climbing steadil
 score falls), both flagged in ``RunHealth.collapse``, because they have a known good state to
 return to and a known change:
 
-1. **Keep the best.** Every validation that beats the best so far is saved as a checkpoint
+1. **Keep the best.** Every validation that beats the best so far (by the health's
+   ``validation_score`` where it has one: an image run's prompt fidelity; else
+   `lmrl.run.health.validation_score`, the accuracy or the reward) is saved as a checkpoint
    (the validation before the first step as ``global_step_0``), ``max_ckpt_to_keep`` never
    prunes the best one, and ``run_dir/best_validation.json`` names it for a resumed run.
 2. **Roll back.** On a collapse or a divergence, the checkpoints of the abandoned steps move to
@@ -38,6 +40,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +103,7 @@ class Doctor:
         resumed: the run resumes from a checkpoint (its best so far is read back).
         resume_mode: ``trainer.resume_mode``: with ``auto`` a rollback a kill interrupted is
             finished (`interrupted`); with another mode its intent is dropped.
+        score: what a validation's metrics rank by (higher is better; None = not ranked).
     """
 
     def __init__(
@@ -109,8 +113,10 @@ class Doctor:
         lr_factor: float,
         resumed: bool = False,
         resume_mode: str = "auto",
+        score: Callable[[Mapping[str, float]], float | None] = validation_score,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.score = score
         self.max_rollbacks = max_rollbacks
         self.lr_factor = lr_factor
         self.best: tuple[float, int] | None = None  # (validation score, step)
@@ -166,7 +172,7 @@ class Doctor:
 
     def is_new_best(self, step: int, val_metrics: dict[str, float]) -> bool:
         """Record a validation at ``step``; True when it is the best so far (save it)."""
-        score = validation_score(val_metrics)
+        score = self.score(val_metrics)
         if score is None or (self.best is not None and score <= self.best[0]):
             return False
         self.best = (score, step)

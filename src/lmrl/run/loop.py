@@ -25,9 +25,9 @@ hold the same for all of them:
 - **early stop**: ``on_step_end(step, metrics) -> stop`` after each step (it may add metrics,
   which are then logged); a run it stops is validated, checkpointed and exported like a run
   that reached its last step;
-- **rollback** (``trainer.max_rollbacks`` > 0, RL): each new best validation is saved, and a
-  collapse or a divergence the health checks see (``Health.collapse``) sends the run back to it
-  at a lower lr (`lmrl.run.doctor`);
+- **rollback** (``trainer.max_rollbacks`` > 0, RL and image runs): each new best validation
+  is saved, and a collapse, a divergence or a hacked reward the health checks see
+  (``Health.collapse``) sends the run back to it at a lower lr (`lmrl.run.doctor`);
   a rollback a kill interrupted is finished before the resumed run's next step.
 
 A run that ends (its last step, or an early stop) writes ``run_dir/final`` (`Program.export`).
@@ -47,6 +47,7 @@ from lmrl.config.run import RunSettings
 from lmrl.errors import CheckpointError, WorkerError
 from lmrl.run.checkpoint import latest_checkpoint, save_checkpoint
 from lmrl.run.doctor import Doctor, Rollback
+from lmrl.run.health import validation_score
 from lmrl.run.lock import RunDirLock
 from lmrl.run.resume import RunStart, check_untouched
 from lmrl.run.signals import EXIT_CODES, StopOnSignal
@@ -76,6 +77,10 @@ class Health(Protocol):
 
     def rewind(self, step: int) -> None:
         """Forget what came after global step ``step`` (the run was rolled back there)."""
+
+    # A health may also have ``validation_score(val_metrics) -> float | None``: what the run
+    # doctor ranks validations by to keep the best (an image run's prompt fidelity); without
+    # it, `lmrl.run.health.validation_score` (the accuracy, else the reward).
 
 
 class Program(Protocol):
@@ -204,7 +209,8 @@ class RunLoop:
         self.doctor = (
             Doctor(self.run_dir, rollbacks, lr_factor,
                    resumed=program.start.resume_from is not None,
-                   resume_mode=settings.resume_mode)
+                   resume_mode=settings.resume_mode,
+                   score=getattr(program.health, "validation_score", validation_score))
             if rollbacks > 0 else None
         )  # fmt: skip
 
@@ -448,7 +454,7 @@ class RunsOnLoop:
 
     def lower_lr(self, factor: float) -> float:
         """The run doctor's rollback lowers the learning rate: a program whose settings allow
-        rollbacks (the RL trainer's ``trainer.max_rollbacks``) overrides this."""
+        rollbacks (``trainer.max_rollbacks`` of RL and image runs) overrides this."""
         raise NotImplementedError(f"{type(self).__name__} has no rollback")
 
     def save_checkpoint(self) -> Path:

@@ -48,6 +48,7 @@ from lmrl.flow.pipelines import AttributePipeline, load_lora_weights, load_pipel
 from lmrl.flow.rewards import load_image_reward
 from lmrl.flow.rollout import FlowSampler
 from lmrl.logging import make_trackers
+from lmrl.logging.plot import image_grid
 from lmrl.models.loading import resolve_device, write_dir_atomically
 from lmrl.run.checkpoint import load_state, read_weights, rng_state, set_rng_state
 from lmrl.run.health import ZERO_SPREAD_KEY
@@ -169,19 +170,6 @@ def _text_prompts(path: Path, suffix: str) -> list[dict[str, Any]]:
         numbered.append((i + 1, row))
     check_geneval_rows(path, numbered)
     return rows
-
-
-def image_grid(images: torch.Tensor, columns: int, scale: int = 4) -> np.ndarray:
-    """(B, 3, H, W) in [0, 1] -> one (rows*H*scale, columns*W*scale, 3) uint8 array, row-major,
-    with a 1-pixel grey border around each image."""
-    b, _, h, w = images.shape
-    rows = -(-b // columns)
-    pad = torch.full((rows * columns, 3, h + 2, w + 2), 0.3)
-    pad[:b, :, 1:-1, 1:-1] = images.detach().float().clamp(0, 1).cpu()
-    grid = pad.view(rows, columns, 3, h + 2, w + 2).permute(0, 3, 1, 4, 2)
-    grid = grid.reshape(rows * (h + 2), columns * (w + 2), 3)
-    grid = grid.repeat_interleave(scale, 0).repeat_interleave(scale, 1)
-    return (grid.numpy() * 255).round().astype(np.uint8)
 
 
 def _means(prefix: str, columns: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -411,7 +399,7 @@ class FlowTrainer(RunsOnLoop):
         self.trackers = parts.trackers
         self.total_steps = self.cfg.trainer.total_training_steps
         self.health = FlowHealth()  # the RL run's checks, and the reward hacked
-        self.global_step = 0
+        self.global_step, self.lr_scale = 0, 1.0  # lr_scale: the rollbacks' (lower_lr)
         resume(self)
 
     @property
@@ -525,6 +513,14 @@ class FlowTrainer(RunsOnLoop):
     def generations(self) -> list[dict]:
         return []  # the images of each validation are written to samples/step_<N>.png
 
+    def lower_lr(self, factor: float) -> float:
+        """Multiply the learning rate by ``factor`` from now on (the run doctor's rollback,
+        ``trainer.max_rollbacks``); the scale is in the checkpoint's state. Returns it."""
+        self.lr_scale *= factor
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.actor.optim.lr * self.lr_scale
+        return self.lr_scale
+
     # ------------------------------------------------------------------ checkpoints
     def _lora_only(self) -> bool:
         """A checkpoint of the adapters alone (an SD3 LoRA run: the base weights are the
@@ -547,6 +543,7 @@ class FlowTrainer(RunsOnLoop):
             "optimizer": self.optimizer.state_dict(),
             "prompts": self.prompts.state_dict(),
             "rng": rng_state(),
+            "lr_scale": self.lr_scale,
         }
         if self.ema is not None:
             state["ema"] = self.ema.state_dict()
@@ -566,6 +563,8 @@ class FlowTrainer(RunsOnLoop):
         state = load_state(path)
         self.optimizer.load_state_dict(state["optimizer"])
         self.prompts.load_state_dict(state["prompts"])
+        self.lr_scale = 1.0
+        self.lower_lr(float(state.get("lr_scale", 1.0)))  # the configured lr x the rollbacks'
         if self.ema is not None:
             if "ema" not in state:
                 raise ValueError("it holds no EMA (the run started without actor.ema)")

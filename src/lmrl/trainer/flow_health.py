@@ -11,6 +11,10 @@ fidelity of the last ``window`` steps against the first ``window``), sets ``coll
 rollback's flag, the step of the best fidelity) and names it in place of the zero-spread
 warning's hint to check the images. Before it shows, that warning quotes the reward and the
 fidelity so far (where the fidelity is logged).
+
+The run doctor (``trainer.max_rollbacks``) keeps the checkpoint of the best validation by
+`FlowHealth.validation_score`: the prompt fidelity where it is logged, since a hacked reward
+is highest exactly where the images are worst; else the reward.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ FIDELITY_ZERO_SPREAD = (
 )
 HACK_FIX = (
     "Put the prompt fidelity into the reward (a sum with lmrl.flow.geneval.geneval, or a gate "
-    "on it), or go on from the checkpoint of the best fidelity; a KL to the start protects the "
-    "prompts only near actor.beta=1, where it also stops the reward (docs/flow.md)"
+    "on it), or go on from the checkpoint of the best fidelity (trainer.max_rollbacks=2 rolls "
+    "the run back to it at a lower lr); a KL to the start protects the prompts only near "
+    "actor.beta=1, where it also stops the reward (docs/flow.md)"
 )
 
 
@@ -79,9 +84,19 @@ class FlowHealth(RunHealth):
         out = super().baseline(val_metrics)
         return out + self._watch(val_metrics, 0)
 
+    @staticmethod
+    def validation_score(val_metrics: Mapping[str, float]) -> float | None:
+        """What the run doctor ranks validations by: the mean of ``val/<source>/fidelity/score``
+        where it is logged, else of ``val/<source>/reward/mean`` (None: not validated)."""
+        fidelity = _val_mean(val_metrics, "/fidelity/score")
+        return fidelity if fidelity is not None else _val_mean(val_metrics, "/reward/mean")
+
     def rewind(self, step: int) -> None:
         super().rewind(step)
         self.val_pairs = [p for p in self.val_pairs if p[0] <= step]
+        # the train pairs of the steps kept (one a step, from step 1); the window fills again
+        self.first_pairs = self.first_pairs[:step]
+        self.pairs_seen = len(self.first_pairs)
         self.recent_pairs.clear()
         self.hack = self.cause = None
         self.said.discard("reward_hack")
