@@ -22,7 +22,6 @@ and numbers) gets the spread but no prior.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,7 @@ from lmrl.batch import Batch, response_tokens_mask
 from lmrl.rewards.scorers import SCORERS
 from lmrl.trainer.sft_score import score_acc
 
-__all__ = ["AnswerPrior", "RecordingEngine", "answer_prior"]
+__all__ = ["AnswerPrior", "answer_prior"]
 
 
 def _plain(truth: Any) -> bool:
@@ -118,26 +117,3 @@ def answer_prior(parts: Any) -> AnswerPrior | None:
         return None
     train = [parts.train_data[i] for i in range(len(parts.train_data))]
     return AnswerPrior(train, val)
-
-
-class RecordingEngine:
-    """An engine that keeps each batch it generates (in ``outputs``) and otherwise is the
-    engine it wraps: validation's answers, read without a second generation."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.outputs: list[Batch] = []
-
-    def generate(self, *args: Any, **kwargs: Any) -> Batch:
-        out = self.engine.generate(*args, **kwargs)
-        self.outputs.append(out)
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.engine, name)
-
-    @staticmethod
-    def around(parts: Any) -> tuple[Any, RecordingEngine]:
-        """``parts`` with its engine wrapped (a shallow copy), and the wrapper."""
-        engine = RecordingEngine(parts.engine)
-        return dataclasses.replace(parts, engine=engine), engine

@@ -339,8 +339,9 @@ def filter_metric(batch: Batch, extras: dict[str, np.ndarray], name: str) -> np.
     return np.nan_to_num(np.asarray(extras[name], dtype=np.float64))
 
 
-def validate(parts) -> dict[str, float]:
-    """Generate on the validation prompts with ``rollout.val_kwargs`` and score them.
+def validate(parts, outputs: list[Batch] | None = None) -> dict[str, float]:
+    """Generate on the validation prompts with ``rollout.val_kwargs`` and score them; each
+    generated batch is appended to ``outputs`` when given (the answers' spread reads them).
 
     Returns:
         Per data source ``val/<source>/mean@k``, ``pass@k``, ``reward/mean`` and ``acc``
@@ -354,6 +355,8 @@ def validate(parts) -> dict[str, float]:
     for start in range(0, len(data), size):
         indices = list(range(start, min(start + size, len(data))))
         out = parts.engine.generate(data.get_batch(indices), plan.val_n, plan.val_sampling)
+        if outputs is not None:
+            outputs.append(out)
         result = parts.reward(out)
         sources += list(out["data_source"])
         uids += list(out["uid"])

@@ -45,7 +45,7 @@ from lmrl.run.health import RunHealth
 from lmrl.run.loop import RunsOnLoop, resume
 from lmrl.run.resume import RunStart
 from lmrl.run.timing import StageTimer
-from lmrl.trainer.answers import RecordingEngine, answer_prior
+from lmrl.trainer.answers import answer_prior
 from lmrl.trainer.build import RunParts
 from lmrl.trainer.memory_probe import run_memory_probe, wants_probe
 from lmrl.trainer.metrics import data_metrics, engine_gap, source_metrics, throughput, to_floats
@@ -241,15 +241,15 @@ class Trainer(RunsOnLoop):
         with async_training, on the engine between two batches, with the current weights.
         Beside them the answers' prior and the answers' spread (``lmrl.trainer.answers``),
         whose texts the health checks quote."""
-        parts, recorder = self.parts, None
-        if self.answers is not None:
-            parts, recorder = RecordingEngine.around(self.parts)
+        outputs: list[Batch] | None = [] if self.answers is not None else None
         if self.ahead is None:
-            metrics = validate(parts)
+            metrics = validate(self.parts, outputs)
         else:
-            metrics = self.ahead.exclusive(self.actor.model_state(), lambda: validate(parts))
-        if self.answers is not None and recorder is not None and metrics:
-            metrics |= self.answers.spread(recorder.outputs, self.parts.tokenizer)
+            metrics = self.ahead.exclusive(
+                self.actor.model_state(), lambda: validate(self.parts, outputs)
+            )
+        if self.answers is not None and outputs and metrics:
+            metrics |= self.answers.spread(outputs, self.parts.tokenizer)
             self.health.answer_texts = dict(self.answers.texts)
         return metrics
 
